@@ -1,0 +1,50 @@
+"""allocconf_widget: see, tune and trust PyTorch's CUDA caching-allocator settings.
+
+Importing the package is cheap on purpose: it loads only the pure configuration
+model (standard library). torch, IPython, ipywidgets and plotly are imported
+by the functions that need them, so ``import allocconf_widget`` never
+initialises CUDA and never freezes the allocator configuration.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from allocconf_widget._errors import AllocConfError, AllocConfWarning, SnapshotError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AllocConf",
+    "AllocConfError",
+    "AllocConfWarning",
+    "SnapshotError",
+    "__version__",
+    "load_ipython_extension",
+    "parse_conf",
+    "unload_ipython_extension",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # parse_conf/AllocConf resolve on first use so that even the (small) schema
+    # tables are only built when someone asks for them.
+    if name in ("parse_conf", "AllocConf"):
+        import importlib
+
+        return getattr(importlib.import_module("allocconf_widget.core.conf"), name)
+    raise AttributeError(f"module 'allocconf_widget' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Entry point for ``%load_ext allocconf_widget``."""
+    from allocconf_widget.views.magic import load_extension
+
+    load_extension(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Entry point for ``%unload_ext allocconf_widget``."""
+    from allocconf_widget.views.magic import unload_extension
+
+    unload_extension(ipython)

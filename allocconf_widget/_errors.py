@@ -1,0 +1,48 @@
+"""Exception and warning types shared by every layer.
+
+Kept in a module of its own so the pure core, the adapters and the views can
+all raise the same types without importing each other.
+"""
+
+from __future__ import annotations
+
+
+class AllocConfError(ValueError):
+    """A configuration string (or a value for one option) that torch would reject or misread.
+
+    Attributes:
+        option: the option the problem is in, or ``None`` when it is not tied to one.
+        position: 0-based character offset into the text that was parsed, when known.
+        fix: one sentence telling the user what to write instead.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        option: str | None = None,
+        position: int | None = None,
+        fix: str | None = None,
+    ) -> None:
+        self.option = option
+        self.position = position
+        self.fix = fix
+        self.reason = message
+        text = message
+        if position is not None:
+            text = f"{text} (at character {position})"
+        if fix:
+            text = f"{text}. Fix: {fix}"
+        super().__init__(text)
+
+
+class AllocConfWarning(UserWarning):
+    """A setting torch accepts but that probably does not do what the user hopes."""
+
+
+class SnapshotError(ValueError):
+    """A snapshot or trace file that cannot be read safely (corrupt, truncated, or not a snapshot)."""
+
+
+class RuntimeStateError(RuntimeError):
+    """An action that the current torch runtime state does not allow (e.g. no CUDA)."""

@@ -1,0 +1,1 @@
+"""Views: the magic, the ipywidgets panel, plotly/SVG charts and the command line."""

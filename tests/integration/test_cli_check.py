@@ -1,0 +1,82 @@
+"""The ``allocconf check`` and ``options`` commands, run as a user would run them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if "ALLOC_CONF" not in k}
+    return subprocess.run([sys.executable, "-m", "allocconf_widget", *args], capture_output=True,
+                          text=True, env={**base, **(env or {})}, cwd=ROOT, check=False)
+
+
+def test_check_valid_prints_canonical_string_and_warnings():
+    out = cli("check", "max_split_size_mb:128 , expandable_segments:True", "--torch-version", "2.11")
+    assert out.returncode == 0
+    assert out.stdout.strip() == "expandable_segments:True,max_split_size_mb:128"
+    assert "123548" in out.stderr  # the split + expandable trap
+    assert "export PYTORCH_ALLOC_CONF='expandable_segments:True,max_split_size_mb:128'" in out.stderr
+
+
+def test_check_invalid_exits_2_with_the_fix():
+    out = cli("check", "max_split_size_mb=128", "--torch-version", "2.11")
+    assert out.returncode == 2
+    assert out.stdout == ""
+    assert "Fix: write max_split_size_mb:128" in out.stderr
+
+
+def test_check_json_both_ways():
+    ok = json.loads(cli("check", "expandable_segments:True", "--json", "--torch-version", "2.9").stdout)
+    assert ok == {"valid": True, "conf": "expandable_segments:True", "torch_version": "2.9",
+                  "variable": "PYTORCH_CUDA_ALLOC_CONF", "warnings": []}
+    bad = cli("check", "expandable_segments:yes", "--json")
+    assert bad.returncode == 2
+    err = json.loads(bad.stdout)
+    assert err["valid"] is False and err["option"] == "expandable_segments" and err["position"] == 20
+
+
+def test_check_env_reports_ignored_variable():
+    out = cli("check", "--env", "--torch-version", "2.9",
+              env={"PYTORCH_ALLOC_CONF": "expandable_segments:True"})
+    assert out.returncode == 0
+    assert "silently ignored" in out.stderr
+
+
+def test_bad_torch_version_is_a_usage_error():
+    out = cli("check", "", "--torch-version", "banana")
+    assert out.returncode == 2 and "not a torch version" in out.stderr
+
+
+@pytest.mark.parametrize("version", ["1.13", "2.9", "2.15"])
+def test_options_table_lists_exactly_the_release_keys(version):
+    rows = json.loads(cli("options", "--torch-version", version, "--json").stdout)["options"]
+    names = [r["option"] for r in rows]
+    assert ("expandable_segments" in names) == (version != "1.13")
+    assert ("roundup_bypass_threshold_mb" in names) == (version == "1.13")
+    assert ("expandable_segments_reserve" in names) == (version == "2.15")
+    text = cli("options", "--torch-version", version).stdout
+    assert all(name in text for name in names)
+
+
+def test_console_script_is_installed():
+    exe = Path(sys.executable).with_name("allocconf")
+    if not exe.exists():
+        pytest.skip("package not installed with its console script in this environment")
+    out = subprocess.run([str(exe), "check", "expandable_segments:True", "--torch-version", "2.11"],
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 0 and out.stdout.strip() == "expandable_segments:True"
+
+
+def test_docs_options_page_is_generated_from_the_code():
+    generated = cli("options", "--markdown").stdout
+    committed = (ROOT / "docs" / "options.md").read_text()
+    assert committed == generated, "run: python -m allocconf_widget options --markdown > docs/options.md"

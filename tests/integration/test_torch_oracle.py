@@ -1,0 +1,185 @@
+"""Differential test: our parser against torch's own, over thousands of generated strings.
+
+The installed torch (the CPU build of 2.13 in CI) validates the *generic*
+allocator keys through ``torch._C._accelerator_setAllocatorSettings`` without
+any GPU. It accepts unknown keys silently on a CPU build (no CUDA hook is
+registered) and it is stateful (``large_segment_size_mb`` persists, even from
+a call that fails midway), so every string is preceded by a reset and only
+generic keys are generated.
+
+Two properties are checked:
+
+1. **never accept what torch rejects** — for every generated string;
+2. **accept every well-formed string torch accepts** — where *well-formed*
+   is decided by the generator, independently of our parser: it knows when it
+   injected something torch would misread (signs, exponents, decimals in
+   integers, junk, glued words, clamped sizes, unsorted or lone-'>' lists)
+   or a structural slip (trailing commas, '=' ...).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+
+from allocconf_widget import AllocConfError, parse_conf
+from allocconf_widget.core import options as opt
+from allocconf_widget.core.versions import parse_version
+
+torch = pytest.importorskip("torch")
+SETTER = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+pytestmark = pytest.mark.skipif(SETTER is None, reason="this torch has no generic allocator setter")
+
+VERSION = parse_version(torch.__version__)
+# Generic keys per allocator.md §3.1 (scope G), written out independently of our schema.
+GENERIC_KEYS = {
+    "max_split_size_mb": (2, 10), "max_non_split_rounding_mb": (2, 10),
+    "garbage_collection_threshold": (2, 10), "roundup_power2_divisions": (2, 10),
+    "expandable_segments": (2, 10), "pinned_use_background_threads": (2, 10),
+    "large_segment_size_mb": (2, 11), "pinned_max_round_threshold_mb": (2, 13),
+    "pinned_max_cached_size_mb": (2, 13),
+}
+KEYS = sorted(k for k, since in GENERIC_KEYS.items() if VERSION >= since)
+MAX_MIB = ((1 << 64) - 1) // (1 << 20)
+
+SIZE_CLEAN = ["0", "1", "10", "11", "19", "20", "21", "32", "64", "100", "128", "512", "4096",
+              "65536", "2147483647", "2147483648", str(1 << 40), str(MAX_MIB), "0128"]
+SIZE_NOISE = ["-5", "-1", "1e3", "12.5", "+128", "0x10", "abc", "128MB", str(MAX_MIB + 1),
+              "18446744073709551615", "99999999999999999999", "1 28"]
+FLOAT_CLEAN = ["0", "0.0", "0.5", ".5", "1", "1.0", "0.999", "6e-1", "1e-5", "2", "00.3", "0.6"]
+FLOAT_NOISE = ["0.5x", "nan", "inf", "-0.1", "abc", "0,5", "0.5.1", "1e-400x"]
+BOOL_CLEAN = ["True", "False"]
+BOOL_NOISE = ["true", "false", "1", "0", "yes", "TRUE", "Tr ue", "[True]"]
+
+
+@dataclass
+class Case:
+    text: str
+    well_formed: bool
+
+
+def _size(rng: random.Random) -> tuple[str, bool]:
+    if rng.random() < 0.25:
+        return rng.choice(SIZE_NOISE), False
+    if rng.random() < 0.3:
+        return str(rng.randint(0, 200_000)), True
+    return rng.choice(SIZE_CLEAN), True
+
+
+def _roundup(rng: random.Random) -> tuple[str, bool]:
+    roll = rng.random()
+    if roll < 0.3:
+        return str(rng.choice([0, 1, 2, 3, 4, 6, 8, 16, 64, 1 << 31, 1 << 40])), True
+    bands = sorted(rng.sample(range(16), rng.randint(1, 4)))
+    items = [f"{1 << b}:{rng.choice([0, 1, 2, 3, 4, 8, 16])}" for b in bands]
+    if rng.random() < 0.5:
+        items.append(f">:{rng.choice([0, 1, 2, 5, 8])}")
+    well_formed = True
+    mutation = rng.random()
+    if mutation < 0.08:
+        items.reverse()
+        well_formed = len(items) < 2
+    elif mutation < 0.14:
+        items.insert(0, f">:{rng.choice([1, 2])}")
+        well_formed = False
+    elif mutation < 0.2:
+        items[0] = f"{rng.choice([0, 3, 65536, 131072])}:2"
+        well_formed = False
+    elif mutation < 0.24:
+        return "[" + ",".join(items) + ",]", False
+    elif mutation < 0.27:
+        return "[]", False
+    return "[" + ",".join(items) + "]", well_formed
+
+
+def _value(key: str, rng: random.Random) -> tuple[str, bool]:
+    if key in ("expandable_segments", "pinned_use_background_threads"):
+        noise = rng.random() < 0.25
+        return rng.choice(BOOL_NOISE if noise else BOOL_CLEAN), not noise
+    if key == "garbage_collection_threshold":
+        noise = rng.random() < 0.25
+        return rng.choice(FLOAT_NOISE if noise else FLOAT_CLEAN), not noise
+    if key == "roundup_power2_divisions":
+        return _roundup(rng)
+    if key == "large_segment_size_mb" and rng.random() < 0.7:
+        return rng.choice(["5", "10", "11", "16", "20", "32", "64", "128"]), True
+    return _size(rng)
+
+
+def _case(rng: random.Random) -> Case:
+    items, well_formed = [], True
+    for _ in range(rng.randint(1, 4)):
+        key = rng.choice(KEYS)
+        value, ok = _value(key, rng)
+        well_formed &= ok
+        items.append(f"{key}:{value}")
+    text = ",".join(items)
+    slip = rng.random()
+    if slip < 0.04:
+        text, well_formed = text.replace(":", "=", 1), False
+    elif slip < 0.07:
+        text, well_formed = text + ",", False
+    elif slip < 0.09:
+        text, well_formed = text.replace(",", ",,", 1) if "," in text else text + ",,", False
+    elif slip < 0.12:
+        text = text.replace(",", " , ").replace(":", ": ", 1)  # harmless spacing
+    return Case(text, well_formed)
+
+
+def torch_accepts(text: str) -> bool:
+    SETTER("large_segment_size_mb:20")  # undo state a previous (even failing) call left
+    try:
+        SETTER(text)
+    except (RuntimeError, ValueError, IndexError, TypeError):
+        return False
+    return True
+
+
+def ours_accepts(text: str) -> bool:
+    try:
+        parse_conf(text, VERSION, warn=False)
+    except AllocConfError:
+        return False
+    return True
+
+
+def test_our_generic_keys_match_the_independent_list():
+    ours = {s.name for s in opt.options_for(VERSION) if s.scope_in(VERSION) is opt.Scope.GENERIC}
+    assert ours == set(KEYS)
+
+
+def test_differential_against_torch_parser():
+    rng = random.Random(20261202)
+    cases = [_case(rng) for _ in range(6000)]
+    accepted_by_us_rejected_by_torch = []
+    rejected_well_formed = []
+    counts = {"torch_accepts": 0, "we_accept": 0, "well_formed": 0}
+    for case in cases:
+        theirs, ours = torch_accepts(case.text), ours_accepts(case.text)
+        counts["torch_accepts"] += theirs
+        counts["we_accept"] += ours
+        counts["well_formed"] += case.well_formed
+        if ours and not theirs:
+            accepted_by_us_rejected_by_torch.append(case.text)
+        if case.well_formed and theirs and not ours:
+            rejected_well_formed.append(case.text)
+    print(f"\n{len(cases)} strings against torch {torch.__version__}: {counts}")
+    # the generator must exercise both sides, or the properties below prove nothing
+    assert counts["torch_accepts"] > 1000 and len(cases) - counts["torch_accepts"] > 1000
+    assert counts["we_accept"] > 500
+    assert accepted_by_us_rejected_by_torch == []
+    assert rejected_well_formed == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["max_split_size_mb:-5", "max_split_size_mb:25e3", "max_split_size_mb:512.5",
+     "garbage_collection_threshold:0.5x", "max_split_size_mb:1 28",
+     "roundup_power2_divisions:[256:1]junk", "expandable_segments:True]"],
+)
+def test_torch_really_accepts_what_we_call_misread(text):
+    """Keeps the 'misread' category honest: these must stay accepted by torch itself."""
+    assert torch_accepts(text)
+    assert not ours_accepts(text)
