@@ -1,0 +1,181 @@
+"""Every ``%allocconf`` subcommand and error path, in IPython's own test shell.
+
+The shell is the real InteractiveShell (``IPython.testing.globalipapp``);
+torch is the real CPU build, imported only by the tests that need it.
+Tests that must see "torch not imported" run in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.testing.globalipapp import start_ipython
+
+from allocconf_widget.adapters import persist
+
+
+@pytest.fixture(scope="module")
+def ip():
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "allocconf_widget")
+    yield shell
+    shell.run_line_magic("unload_ext", "allocconf_widget")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_session(ip):
+    from allocconf_widget.views.session import get_session
+
+    get_session(ip).discard()
+    yield
+
+
+def magic(ip, line: str, capsys):
+    result = ip.run_line_magic("allocconf", line)
+    return result, capsys.readouterr().out
+
+
+def test_help_comes_from_the_parser(ip):
+    doc = ip.find_line_magic("allocconf").__doc__
+    for sub in ("show", "set", "apply", "reset", "forget", "snippet", "restart"):
+        assert sub in doc
+
+
+def test_set_pairs_stage_and_validate(ip, capsys):
+    import torch  # noqa: F401 - after import, set only stages
+
+    staged, out = magic(ip, "set max_split_size_mb=256 roundup_power2_divisions=4", capsys)
+    assert staged.to_string() == "max_split_size_mb:256,roundup_power2_divisions:4"
+    assert "Run %allocconf apply" in out
+    assert "PYTORCH_ALLOC_CONF" not in os.environ  # staged, not applied
+
+
+def test_set_whole_string_and_unset(ip, capsys):
+    magic(ip, 'set "expandable_segments:True,garbage_collection_threshold:0.6"', capsys)
+    staged, _ = magic(ip, "unset garbage_collection_threshold", capsys)
+    assert staged.to_string() == "expandable_segments:True"
+    staged, _ = magic(ip, "set expandable_segments=default", capsys)
+    assert staged.to_string() == ""
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("set max_split_size_mb=8", "too small"),
+        ("set expandable_segments=true", "expandable_segments:True"),
+        ("set max_split_mb=50", "did you mean max_split_size_mb"),
+        ("set nonsense", "not key=value"),
+        ("bogus", "invalid choice"),
+        ("set", "required"),
+    ],
+)
+def test_bad_input_is_a_usage_error_and_changes_nothing(ip, capsys, line, message):
+    before_env = dict(os.environ)
+    from allocconf_widget.views.session import get_session
+
+    before = get_session(ip).staged()
+    with pytest.raises(UsageError, match=message):
+        ip.run_line_magic("allocconf", line)
+    assert dict(os.environ) == before_env
+    assert get_session(ip).staged() == before
+
+
+def test_apply_writes_environment_and_saves(ip, capsys):
+    magic(ip, "set expandable_segments=True", capsys)
+    result, out = magic(ip, "apply", capsys)
+    assert os.environ[result.variable] == "expandable_segments:True"
+    assert "Saved to" in out
+    assert persist.load().conf.to_string() == "expandable_segments:True"
+
+
+def test_apply_no_save(ip, capsys):
+    magic(ip, "set expandable_segments=True", capsys)
+    magic(ip, "apply --no-save", capsys)
+    assert persist.load() is None
+
+
+def test_reset_stages_defaults_and_can_apply(ip, capsys):
+    magic(ip, "set expandable_segments=True", capsys)
+    magic(ip, "apply", capsys)
+    staged, _ = magic(ip, "reset", capsys)
+    assert staged.to_string() == ""
+    magic(ip, "reset --apply", capsys)
+    assert "PYTORCH_ALLOC_CONF" not in os.environ
+
+
+def test_forget(ip, capsys):
+    magic(ip, "set expandable_segments=True", capsys)
+    magic(ip, "apply", capsys)
+    removed, out = magic(ip, "forget", capsys)
+    assert removed is True and "Removed" in out
+    assert persist.load() is None
+
+
+def test_snippet_uses_the_variable_of_the_installed_torch(ip, capsys):
+    magic(ip, "set expandable_segments=True", capsys)
+    snips, out = magic(ip, "snippet", capsys)
+    assert snips["magic"] == "%env PYTORCH_ALLOC_CONF=expandable_segments:True"  # torch 2.13
+    assert "export PYTORCH_ALLOC_CONF='expandable_segments:True'" in out
+
+
+def test_show_reports_state_requested_and_saved(ip, capsys):
+    magic(ip, "set expandable_segments=True", capsys)
+    magic(ip, "apply", capsys)
+    info, out = magic(ip, "show", capsys)
+    assert "Runtime:" in out and "torch 2.13" in out
+    assert "Requested: expandable_segments:True" in out
+    assert "Saved:" in out and "settings.json" in out
+    assert info["readback"] is None  # CPU build: nothing live to read back
+
+
+def test_restart_in_a_terminal_shell_only_explains(ip, capsys):
+    magic(ip, "set expandable_segments=True", capsys)
+    outcome, out = magic(ip, "restart", capsys)
+    assert outcome.started is False  # never kills a terminal session
+    assert persist.load().conf.to_string() == "expandable_segments:True"
+    assert "Quit this IPython" in out
+
+
+def test_panel_in_terminal_prints_text(ip, capsys):
+    panel, out = magic(ip, "", capsys)
+    assert panel is None
+    assert "max_split_size_mb" in out and "default (unset)" in out
+
+
+def test_cell_magic_refuses_line_only_subcommands(ip):
+    with pytest.raises(UsageError, match="does not take a cell body"):
+        ip.run_cell_magic("allocconf", "show", "x = 1")
+
+
+def test_unload_removes_the_magic(ip):
+    assert ip.find_line_magic("allocconf") is not None
+    ip.run_line_magic("unload_ext", "allocconf_widget")
+    assert ip.find_line_magic("allocconf") is None
+    ip.run_line_magic("load_ext", "allocconf_widget")
+    assert ip.find_line_magic("allocconf") is not None
+
+
+def test_set_before_import_torch_just_works_in_a_fresh_interpreter(tmp_path):
+    code = textwrap.dedent("""
+        from IPython.testing.globalipapp import start_ipython
+        ip = start_ipython()
+        ip.run_line_magic("load_ext", "allocconf_widget")
+        ip.run_line_magic("allocconf", "set max_split_size_mb=256 expandable_segments=True")
+        import os, sys
+        assert "torch" not in sys.modules
+        import torch
+        print("ENV", os.environ["PYTORCH_ALLOC_CONF"])
+        print("TORCH", torch._C._accelerator_getAllocatorSettings())
+    """)
+    env = {k: v for k, v in os.environ.items() if "ALLOC_CONF" not in k}
+    env["XDG_CONFIG_HOME"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         check=True).stdout
+    assert "ENV expandable_segments:True,max_split_size_mb:256" in out
+    # torch parsed exactly that string when it first looked
+    assert "TORCH expandable_segments:True,max_split_size_mb:256" in out

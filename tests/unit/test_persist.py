@@ -1,0 +1,77 @@
+"""Saved settings: atomic writes, and files that must never crash a kernel."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from allocconf_widget import AllocConfWarning
+from allocconf_widget.adapters import persist
+from allocconf_widget.core.conf import parse_conf
+
+
+def test_save_load_round_trip_under_xdg_config_home(xdg_config_home):
+    path = persist.save(parse_conf("expandable_segments:True,max_split_size_mb:512", "2.11", warn=False))
+    assert path == xdg_config_home / "allocconf_widget" / "settings.json"
+    saved = persist.load("2.11")
+    assert saved is not None
+    assert saved.conf.to_string() == "expandable_segments:True,max_split_size_mb:512"
+    assert saved.torch_version == "2.11"
+    assert [p.name for p in path.parent.iterdir()] == ["settings.json"]  # no temp file left
+
+
+def test_default_location_is_dot_config(monkeypatch, tmp_path):
+    monkeypatch.delenv("XDG_CONFIG_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert persist.settings_path() == tmp_path / ".config" / "allocconf_widget" / "settings.json"
+
+
+def test_forget_removes_the_file():
+    persist.save(parse_conf("expandable_segments:True", "2.11", warn=False))
+    assert persist.forget() is True
+    assert persist.load("2.11") is None
+    assert persist.forget() is False
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "no \"conf\" string"),
+        (json.dumps({"format": 1, "conf": 5}), "no \"conf\" string"),
+        (json.dumps({"format": 99, "conf": "expandable_segments:True"}), "format 99"),
+        (json.dumps({"format": 1, "conf": "max_split_size_mb=128"}), "not valid for this torch"),
+        (json.dumps({"format": 1, "conf": "large_segment_size_mb:64"}), "needs torch 2.11"),
+        ("", "not valid JSON"),
+    ],
+)
+def test_corrupt_or_hand_edited_file_warns_and_is_ignored(content, reason):
+    path = persist.settings_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(content)
+    with pytest.warns(AllocConfWarning, match=reason) as caught:
+        assert persist.load("2.9") is None
+    assert "%allocconf forget" in str(caught[0].message)
+
+
+def test_unreadable_path_warns(tmp_path):
+    path = persist.settings_path()
+    path.mkdir(parents=True)  # a directory where the file should be
+    with pytest.warns(AllocConfWarning, match="cannot be read"):
+        assert persist.load("2.11") is None
+
+
+def test_failed_write_leaves_the_previous_file_intact(monkeypatch):
+    persist.save(parse_conf("expandable_segments:True", "2.11", warn=False))
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk full"):
+        persist.save(parse_conf("max_split_size_mb:512", "2.11", warn=False))
+    monkeypatch.undo()
+    assert persist.load("2.11").conf.to_string() == "expandable_segments:True"
+    assert [p.name for p in persist.settings_path().parent.iterdir()] == ["settings.json"]
