@@ -67,10 +67,10 @@ def save(conf: AllocConf) -> Path:
             handle.write("\n")
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # noqa: PTH105 - the atomic step; tests patch os.replace
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            Path(tmp).unlink()
         raise
     return path
 
@@ -113,10 +113,12 @@ def forget() -> bool:
     return True
 
 
-def _ignore(path: Path, reason: str) -> None:
+def _ignore(path: Path, reason: str) -> SavedSettings | None:
+    """Warn that the file is unusable and why; returns None so callers can ``return _ignore(...)``."""
     warnings.warn(
         f"allocconf_widget: ignoring saved settings in {path}: {reason}. Fix the file, or run "
         "%allocconf forget (or delete it) to start from torch's defaults.",
         AllocConfWarning,
         stacklevel=3,
     )
+    return None

@@ -57,7 +57,7 @@ class ReadBack:
         return "\n".join(lines + [f"likely cause: {c}" for c in self.causes])
 
 
-def _effective_value(name: str, settings: Mapping[str, Any], version: Any) -> tuple[str, bool] | None:
+def _effective_value(name: str, settings: Mapping[str, Any]) -> tuple[str, bool] | None:
     """(text, is_default) of an option from a snapshot's allocator_settings, if it is exposed."""
     if name == "max_split_size_mb" and "max_split_size" in settings:
         raw = int(settings["max_split_size"])
@@ -77,7 +77,7 @@ def _slots_text(slots: tuple[int, ...]) -> str:
     return "[" + ",".join(f"{1 << i}:{v}" for i, v in enumerate(slots)) + "]"
 
 
-def _requested_text(name: str, value: Any, version: Any) -> str:
+def _requested_text(value: Any, version: Any) -> str:
     if isinstance(value, RoundupDivisions):
         return _slots_text(value.slots(version))
     return format_value(value)
@@ -99,8 +99,8 @@ def compare(requested: AllocConf, settings: Mapping[str, Any] | None, held_strin
     names = list(requested) + [n for n in _DEFAULT_TEXT if n not in requested]
     for name in names:
         value = requested.get(name)
-        want = _DEFAULT_TEXT[name] if value is None else _requested_text(name, value, version)
-        got = _effective_value(name, settings or {}, version)
+        want = _DEFAULT_TEXT[name] if value is None else _requested_text(value, version)
+        got = _effective_value(name, settings or {})
         if got is None:
             if value is None:
                 continue

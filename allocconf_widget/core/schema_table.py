@@ -51,7 +51,7 @@ def _valid_text(spec: opt.OptionSpec, version: TorchVersion | None, bound: opt.B
         return "[name:reserve,...]"
     if version is None:
         return "; ".join(f"{f[0]}.{f[1]}+: {b.describe(spec.unit)}" for f, b in spec.bounds)
-    return bound.describe(spec.unit) if bound else "any"
+    return str(bound.describe(spec.unit)) if bound else "any"
 
 
 def _scope_text(spec: opt.OptionSpec, version: TorchVersion | None) -> str:
@@ -65,7 +65,7 @@ def _scope_text(spec: opt.OptionSpec, version: TorchVersion | None) -> str:
 def _runtime_text(spec: opt.OptionSpec) -> str:
     if spec.live is opt.Live.IMPORT:
         return "no: restart"
-    return "yes: " + spec.live.value
+    return f"yes: {spec.live.value}"
 
 
 def render_text(version: TorchVersion) -> str:

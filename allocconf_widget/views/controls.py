@@ -142,7 +142,7 @@ def _size_editor(spec: opt.OptionSpec) -> tuple[Any, Callable[[], str], Callable
     return box, lambda: str(exact.value), write
 
 
-def _bool_editor(spec: opt.OptionSpec) -> tuple[Any, Callable[[], str], Callable[[str], None]]:
+def _bool_editor(_spec: opt.OptionSpec) -> tuple[Any, Callable[[], str], Callable[[str], None]]:
     import ipywidgets as W
 
     toggle = W.ToggleButtons(options=["True", "False"], value="True",
@@ -167,7 +167,7 @@ def _fraction_editor(spec: opt.OptionSpec) -> tuple[Any, Callable[[], str], Call
     return slider, lambda: repr(round(float(slider.value), 4)), write
 
 
-def _backend_editor(spec: opt.OptionSpec) -> tuple[Any, Callable[[], str], Callable[[str], None]]:
+def _backend_editor(_spec: opt.OptionSpec) -> tuple[Any, Callable[[], str], Callable[[str], None]]:
     import ipywidgets as W
 
     dropdown = W.Dropdown(options=["native", "cudaMallocAsync"], value="native",
@@ -181,7 +181,7 @@ def _backend_editor(spec: opt.OptionSpec) -> tuple[Any, Callable[[], str], Calla
     return dropdown, lambda: str(dropdown.value), write
 
 
-def _count_editor(spec: opt.OptionSpec) -> tuple[Any, Callable[[], str], Callable[[str], None]]:
+def _count_editor(_spec: opt.OptionSpec) -> tuple[Any, Callable[[], str], Callable[[str], None]]:
     import ipywidgets as W
 
     dropdown = W.Dropdown(options=list(_POW2), value="1", layout=W.Layout(width="120px"))
@@ -194,7 +194,7 @@ def _count_editor(spec: opt.OptionSpec) -> tuple[Any, Callable[[], str], Callabl
     return dropdown, lambda: str(dropdown.value), write
 
 
-def _roundup_editor(spec: opt.OptionSpec) -> tuple[Any, Callable[[], str], Callable[[str], None]]:
+def _roundup_editor(_spec: opt.OptionSpec) -> tuple[Any, Callable[[], str], Callable[[str], None]]:
     """Both forms: one division count for every size, or a per-band list."""
     import ipywidgets as W
 

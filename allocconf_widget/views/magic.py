@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from allocconf_widget._errors import AllocConfError
+from allocconf_widget._errors import AllocConfError, RuntimeStateError, SnapshotError
 from allocconf_widget.views import magic_core
 
 _PLUGIN_MODULES = ("magic_monitor", "magic_sim")
@@ -35,7 +35,7 @@ class MagicContext:
 class _Parser(argparse.ArgumentParser):
     """argparse that raises instead of exiting on bad input (turned into UsageError)."""
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> Any:
         raise ValueError(f"{message}\n\n{self.format_usage().strip()}")
 
 
@@ -68,10 +68,10 @@ def _magics_class() -> Any:
     from IPython.core.magic import Magics, line_cell_magic, magics_class
 
     @magics_class
-    class AllocConfMagics(Magics):  # type: ignore[misc]
+    class AllocConfMagics(Magics):
         """IPython magics of allocconf_widget."""
 
-        @line_cell_magic  # type: ignore[misc]
+        @line_cell_magic
         def allocconf(self, line: str = "", cell: str | None = None) -> Any:
             """Placeholder docstring, replaced by the parser's help below."""
             from allocconf_widget.views.session import get_session
@@ -90,7 +90,7 @@ def _magics_class() -> Any:
                                  "use the line magic %allocconf")
             try:
                 return handler(args, ctx)
-            except AllocConfError as exc:
+            except (AllocConfError, RuntimeStateError, SnapshotError) as exc:
                 raise UsageError(str(exc)) from None
 
         allocconf.__doc__ = build_parser().format_help()

@@ -55,14 +55,14 @@ def register(subparsers: Any) -> None:
 
 
 # ---------------------------------------------------------------- handlers
-def run_panel(args: argparse.Namespace, ctx: Any) -> Any:
+def run_panel(_args: argparse.Namespace, ctx: Any) -> Any:
     """Show the control panel (text summary outside a notebook front end)."""
     from allocconf_widget.views.panel import show_panel
 
     return show_panel(ctx.session)
 
 
-def run_show(args: argparse.Namespace, ctx: Any) -> dict[str, Any]:
+def run_show(_args: argparse.Namespace, ctx: Any) -> dict[str, Any]:
     from allocconf_widget.adapters.readback import read_back
 
     session = ctx.session
@@ -118,7 +118,7 @@ def run_set(args: argparse.Namespace, ctx: Any) -> Any:
 
 
 def run_unset(args: argparse.Namespace, ctx: Any) -> Any:
-    staged = ctx.session.update({name: None for name in args.options})
+    staged = ctx.session.update(dict.fromkeys(args.options))
     _report_staged(ctx.session, staged)
     return staged
 
@@ -169,18 +169,18 @@ def run_reset(args: argparse.Namespace, ctx: Any) -> Any:
     return staged
 
 
-def run_discard(args: argparse.Namespace, ctx: Any) -> None:
+def run_discard(_args: argparse.Namespace, ctx: Any) -> None:
     ctx.session.discard()
     print("Staged changes dropped.")
 
 
-def run_forget(args: argparse.Namespace, ctx: Any) -> bool:
+def run_forget(_args: argparse.Namespace, _ctx: Any) -> bool:
     removed = persist.forget()
     print(f"Removed {persist.settings_path()}." if removed else "Nothing was saved.")
     return removed
 
 
-def run_snippet(args: argparse.Namespace, ctx: Any) -> dict[str, str]:
+def run_snippet(_args: argparse.Namespace, ctx: Any) -> dict[str, str]:
     state = ctx.session.state()
     conf = ctx.session.staged(state)
     variable = variable_to_write(state.version, state.env.set_vars)
@@ -191,7 +191,7 @@ def run_snippet(args: argparse.Namespace, ctx: Any) -> dict[str, str]:
     return snips
 
 
-def run_restart(args: argparse.Namespace, ctx: Any) -> Any:
+def run_restart(_args: argparse.Namespace, ctx: Any) -> Any:
     from allocconf_widget.adapters.frontend import restart
 
     conf = ctx.session.staged()

@@ -101,7 +101,7 @@ def _child(workload: str, conf: str, fraction: float | None, out: Path, frames: 
     stats = torch.cuda.memory_stats(0)
     snap = torch.cuda.memory._snapshot()
     name = out.name
-    with open(out.with_suffix(".pickle"), "wb") as fh:
+    with out.with_suffix(".pickle").open("wb") as fh:
         pickle.dump(snap, fh, protocol=4)
     free1, _ = torch.cuda.mem_get_info(0)
     meta = {
@@ -162,8 +162,8 @@ def _parent(args: argparse.Namespace) -> None:
     workloads = args.workloads.split(",")
     index: list[dict[str, object]] = []
     with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
-        defaults = dict(zip(workloads, pool.map(
-            lambda w: _spawn(w, "default", "", None, out_dir), workloads)))
+        firsts = list(pool.map(lambda w: _spawn(w, "default", "", None, out_dir), workloads))
+        defaults = dict(zip(workloads, firsts, strict=True))
         index.extend(defaults.values())
         jobs = []
         for w in workloads:

@@ -18,7 +18,7 @@ def test_apply_restart_load_ext_restores_before_torch(kernel):
                                  "%allocconf apply")
     assert err is None, out
     kernel.restart()
-    out, result, err = kernel.execute("import os, sys; print(os.environ.get('PYTORCH_ALLOC_CONF'))")
+    out, _, err = kernel.execute("import os, sys; print(os.environ.get('PYTORCH_ALLOC_CONF'))")
     assert err is None and out.strip() == "None"  # a restart loses the environment
     out, _, err = kernel.execute("%load_ext allocconf_widget")
     assert err is None

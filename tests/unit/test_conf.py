@@ -166,7 +166,8 @@ def test_roundup_mistakes(text, expect):
 
 
 def test_roundup_zero_division_needs_2_4():
-    assert quiet("roundup_power2_divisions:[256:4,>:0]", "2.4").get("roundup_power2_divisions").bands[-1] == (">", 0)
+    divisions = quiet("roundup_power2_divisions:[256:4,>:0]", "2.4").get("roundup_power2_divisions")
+    assert divisions.bands[-1] == (">", 0)
     assert "2.4 or newer" in str(error_of("roundup_power2_divisions:[256:4,>:0]", "2.3"))
 
 
@@ -263,7 +264,7 @@ def test_version_argument_forms_and_errors():
 
 
 # ------------------------------------------------------------------ property: round trip
-def _value_strategy(spec: opt.OptionSpec, version):  # noqa: PLR0911 - one branch per kind
+def _value_strategy(spec: opt.OptionSpec, version):
     bound = spec.bound_in(version)
     if spec.kind is opt.Kind.BOOL:
         return st.sampled_from(["True", "False"])
@@ -280,7 +281,7 @@ def _value_strategy(spec: opt.OptionSpec, version):  # noqa: PLR0911 - one branc
 
         def as_list(data):
             bands, values, tail = data
-            items = [f"{1 << b}:{v}" for b, v in zip(bands, values)]
+            items = [f"{1 << b}:{v}" for b, v in zip(bands, values, strict=False)]
             return "[" + ",".join(items + ([f">:{tail}"] if tail is not None else [])) + "]"
 
         lists = st.tuples(band, st.lists(divs, min_size=5, max_size=5),

@@ -26,8 +26,8 @@ def c(text: str, version: str = "2.11"):
 
 
 def facts(**kw) -> RuntimeFacts:
-    base = dict(version=V211, torch_imported=True, cuda_built=True, live=False, can_set_live=True,
-                load_time_backend="native")
+    base = {"version": V211, "torch_imported": True, "cuda_built": True, "live": False,
+            "can_set_live": True, "load_time_backend": "native"}
     base.update(kw)
     return RuntimeFacts(**base)
 

@@ -1,0 +1,86 @@
+"""Record a cell's allocation trace with torch's own memory history, for the what-if simulator.
+
+``torch.cuda.memory._record_memory_history`` keeps a ring buffer of every
+alloc/free/segment event; ``_snapshot()`` returns it with the allocator
+settings in force. We record without stack frames (``context=None``): frames
+cost seconds to symbolise and the simulator needs only sizes, addresses and
+streams. Recording initialises CUDA, which is fine here: the user is about to
+run GPU code in that very cell.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from allocconf_widget._errors import RuntimeStateError
+from allocconf_widget.adapters import torch_private
+
+DEFAULT_MAX_ENTRIES = 1_000_000
+
+
+@dataclass
+class Recording:
+    """The outcome of a recorded block: the snapshot (with its trace) and context."""
+
+    snapshot: Any = None  # torch's snapshot dict (core.snapshot.Snapshot shape)
+    torch_version: str = ""
+    device_total: int | None = None
+    free_at_start: int | None = None
+    seconds: float = 0.0
+    error: BaseException | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def events(self) -> int:
+        traces = (self.snapshot or {}).get("device_traces") or [[]]
+        return sum(len(t) for t in traces)
+
+
+def _torch() -> Any:
+    torch = torch_private.imported_torch()
+    if torch is None:
+        import importlib
+
+        torch = importlib.import_module("torch")  # recording is an explicit request to use CUDA
+    if not torch_private.cuda_built(torch) or not torch.cuda.is_available():
+        raise RuntimeStateError(
+            "recording an allocation trace needs a CUDA GPU; here, try the what-if tab on the "
+            "bundled H200 recording (%allocconf simulate --demo)")
+    return torch
+
+
+@contextmanager
+def record(max_entries: int = DEFAULT_MAX_ENTRIES, device: int = 0) -> Iterator[Recording]:
+    """Record allocation history inside the ``with`` block; ``Recording.snapshot`` is set on exit.
+
+    Errors from the block (an out-of-memory error included) still produce a
+    snapshot, which is exactly when a what-if is wanted most; the error is
+    kept in ``Recording.error`` and re-raised.
+    """
+    torch = _torch()
+    memory = torch.cuda.memory
+    recording = Recording(torch_version=str(torch.__version__))
+    memory._record_memory_history(enabled="all", context=None, stacks="python",
+                                  max_entries=max_entries)
+    free, total = torch.cuda.mem_get_info(device)
+    recording.free_at_start, recording.device_total = int(free), int(total)
+    started = time.perf_counter()
+    try:
+        yield recording
+    except BaseException as exc:
+        recording.error = exc
+        raise
+    finally:
+        recording.seconds = time.perf_counter() - started
+        try:
+            recording.snapshot = memory._snapshot()
+        finally:
+            memory._record_memory_history(enabled=None)
+        if recording.events >= max_entries:
+            recording.notes.append(
+                f"the trace filled its {max_entries:,}-event buffer: older events were dropped, "
+                "so the replay starts mid-run (record a shorter cell or raise --max-entries)")

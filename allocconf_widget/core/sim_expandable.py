@@ -1,0 +1,221 @@
+"""Expandable segments (``expandable_segments:True``) for the replay engine (§6.12).
+
+An expandable segment is a large reserved virtual range per (pool, stream)
+whose pages are mapped on demand: 2 MiB pages in the small pool, 20 MiB
+(``large_segment_size`` from 2.11) in the large pool. A request maps just
+enough pages after the lowest-address free space that can hold it, so
+reserved memory tracks live memory closely. Free mapped blocks and unmapped
+ranges are both :class:`~.sim_engine.Block` objects linked in address order;
+``mapped`` tells them apart.
+
+These functions take the engine as their first argument rather than being
+methods so the engine module stays readable; they run only when a setting
+turns expandable segments on.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import TYPE_CHECKING
+
+from allocconf_widget.core.sim_blocks import Block, insert_free, remove_free
+from allocconf_widget.core.sim_settings import SMALL_BUFFER
+from allocconf_widget.core.trace import SEG_MAP, SEG_UNMAP
+
+if TYPE_CHECKING:
+    from allocconf_widget.core.sim_blocks import FreeList
+    from allocconf_widget.core.sim_engine import Engine
+
+
+class ExpSegment:
+    """One reserved virtual range: its base, page size and length."""
+
+    __slots__ = ("base", "page", "size")
+
+    def __init__(self, base: int, page: int, size: int) -> None:
+        self.base = base
+        self.page = page
+        self.size = size
+
+
+def growable(b: Block) -> int:
+    """Size a block could reach by mapping the unmapped range right after it."""
+    nxt = b.next
+    return b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
+
+
+def take_free_expandable(eng: Engine, fl: FreeList, j: int, r: int) -> Block | None:
+    """``get_free_block`` when expandable segments are on; ``j`` = first key ≥ r.
+
+    Among expandable candidates torch prefers the one with the smallest
+    *growable* size, so it walks forward while the next block would grow less.
+    """
+    keys, blocks = fl.keys, fl.blocks
+    b = blocks[keys[j]]
+    if b.seg is not None:
+        last = len(keys) - 1
+        while j < last:
+            nb = blocks[keys[j + 1]]
+            if growable(nb) >= growable(b):
+                break
+            j += 1
+            b = nb
+            if b.seg is None:
+                break
+    rules = eng.rules
+    if b.size >= rules.max_split and (r < rules.max_split or b.size >= r + rules.oversize_slack):
+        return None
+    del keys[j]
+    del blocks[b.key]
+    return b
+
+
+def _unmapped_insert(fl: FreeList, b: Block) -> None:
+    pos = bisect_left(fl.unmapped_ptrs, b.ptr)
+    fl.unmapped_ptrs.insert(pos, b.ptr)
+    fl.unmapped.insert(pos, b)
+
+
+def _unmapped_remove(fl: FreeList, b: Block) -> None:
+    pos = bisect_left(fl.unmapped_ptrs, b.ptr)
+    del fl.unmapped_ptrs[pos]
+    del fl.unmapped[pos]
+
+
+def _try_merge(eng: Engine, dst: Block, src: Block | None) -> None:
+    """``try_merge_blocks`` for map/unmap: only idle neighbours in the same mapped state."""
+    if src is None or src.busy or src.mapped != dst.mapped:
+        return
+    if src.mapped:
+        remove_free(src)
+    else:
+        _unmapped_remove(src.fl, src)
+    if dst.prev is src:
+        dst.ptr = src.ptr
+        dst.prev = src.prev
+        if src.prev is not None:
+            src.prev.next = dst
+        if eng.rules.tie_by_address:
+            dst.tb = dst.ptr
+    else:
+        dst.next = src.next
+        if src.next is not None:
+            src.next.prev = dst
+    dst.size += src.size
+
+
+def _find_room(eng: Engine, fl: FreeList, r: int) -> Block:
+    """``find_expandable_block``: lowest-address idle run (free + unmapped) of ≥ r bytes."""
+    for u in fl.unmapped:
+        c = u
+        if u.prev is not None and not u.prev.busy:
+            c = u.prev
+        total = 0
+        x: Block | None = c
+        while total < r and x is not None and not x.busy:
+            total += x.size
+            x = x.next
+        if total >= r:
+            return c
+    page = SMALL_BUFFER if fl.pool.small else eng.rules.large_segment
+    size = -(-eng.rules.expandable_reserve() // page) * page
+    base = eng.reserve_va(size)
+    c = Block(base, size, fl, ExpSegment(base, page, size), eng.new_tb(base))
+    c.mapped = False
+    _unmapped_insert(fl, c)
+    return c
+
+
+def _map_block(eng: Engine, b: Block, n: int, i: int) -> bool:
+    """``map_block``: back whole pages from ``b``'s start; all or nothing."""
+    seg = b.seg
+    assert seg is not None and not b.mapped
+    m = -(-n // seg.page) * seg.page
+    usable = eng.rules.usable
+    if usable is not None and eng.reserved + m > usable:
+        return False
+    fl = b.fl
+    _unmapped_remove(fl, b)
+    b.mapped = True
+    if m < b.size:
+        rest = Block(b.ptr + m, b.size - m, fl, seg, eng.new_tb(b.ptr + m))
+        rest.mapped = False
+        rest.prev, rest.next = b, b.next
+        if b.next is not None:
+            b.next.prev = rest
+        b.next = rest
+        _unmapped_insert(fl, rest)
+        b.size = m
+    start = b.ptr
+    _try_merge(eng, b, b.prev)
+    _try_merge(eng, b, b.next)
+    insert_free(b)
+    eng.grow_reserved(m)
+    eng.num_device_alloc += 1
+    eng.segment_event(i, SEG_MAP, start, m)
+    return True
+
+
+def grow(eng: Engine, fl: FreeList, r: int, i: int) -> Block | None:
+    """``try_allocate_expandable_block``: map pages until one free block holds ``r``.
+
+    Pages mapped before a later mapping fails stay mapped (and cached), as in torch.
+    """
+    c = _find_room(eng, fl, r)
+    if not c.mapped and not _map_block(eng, c, min(c.size, r), i):
+        return None
+    while c.size < r:
+        nxt = c.next
+        if nxt is None or nxt.mapped:  # cannot happen: the run was checked in _find_room
+            return None
+        if not _map_block(eng, nxt, min(r - c.size, nxt.size), i):
+            return None
+        c = nxt
+    remove_free(c)
+    return c
+
+
+def unmap_block(eng: Engine, b: Block, i: int) -> None:
+    """``unmap_block``: give back the whole pages inside a cached expandable block."""
+    seg = b.seg
+    assert seg is not None
+    page, base = seg.page, seg.base
+    off = b.ptr - base
+    begin = -(-off // page) * page
+    end = (off + b.size) // page * page
+    if begin >= end:
+        return
+    fl = b.fl
+    remove_free(b)
+    before = base + begin - b.ptr
+    if before > 0:
+        head = Block(b.ptr, before, fl, seg, eng.new_tb(b.ptr))
+        head.prev, head.next = b.prev, b
+        if b.prev is not None:
+            b.prev.next = head
+        b.prev = head
+        insert_free(head)
+    after = b.size - before - (end - begin)
+    if after > 0:
+        tail = Block(base + end, after, fl, seg, eng.new_tb(base + end))
+        tail.prev, tail.next = b, b.next
+        if b.next is not None:
+            b.next.prev = tail
+        b.next = tail
+        insert_free(tail)
+    b.ptr = base + begin
+    b.size = end - begin
+    b.mapped = False
+    if eng.rules.tie_by_address:
+        b.tb = b.ptr
+    _try_merge(eng, b, b.prev)
+    _try_merge(eng, b, b.next)
+    _unmapped_insert(fl, b)
+    eng.reserved -= end - begin
+    eng.num_device_free += 1
+    eng.segment_event(i, SEG_UNMAP, base + begin, end - begin)
+
+
+def release_segment(b: Block) -> None:
+    """``release_expandable_segment``: drop a fully unmapped reservation (no trace entry)."""
+    _unmapped_remove(b.fl, b)

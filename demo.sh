@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Open the allocconf_widget demo: JupyterLab on notebooks/quickstart.ipynb.
+#
+# Works on a machine without a GPU (the monitor, report and what-if parts replay a
+# bundled real H200 recording). Creates .venv on first use; later runs start at once.
+#   ./demo.sh                 # then open the printed http://127.0.0.1:8888/lab?token=... URL
+#   ./demo.sh --port 9999     # extra arguments go to `jupyter lab`
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "Creating $VENV ..."
+    "$PYTHON" -m venv "$VENV"
+fi
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+    echo "Installing torch 2.13.0 (first run only) ..."
+    "$VENV/bin/python" -m pip install -q "torch==2.13.0"
+fi
+if ! "$VENV/bin/python" -c "import allocconf_widget, jupyterlab, anywidget" 2>/dev/null; then
+    echo "Installing allocconf_widget and JupyterLab (first run only) ..."
+    "$VENV/bin/python" -m pip install -q -e '.[demo]'
+fi
+args=(--ip=127.0.0.1 --ServerApp.root_dir="$PWD")
+[ "$(id -u)" = 0 ] && args+=(--allow-root)
+echo "Starting JupyterLab on notebooks/quickstart.ipynb (Ctrl-C twice to stop) ..."
+exec "$VENV/bin/jupyter" lab "${args[@]}" notebooks/quickstart.ipynb "$@"

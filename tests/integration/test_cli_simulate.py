@@ -1,0 +1,188 @@
+"""``python -m allocconf_widget simulate``, run for real in a subprocess."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from allocconf_widget.core.sim_settings import SimSettings
+from allocconf_widget.core.simulator import simulate
+from allocconf_widget.core.trace import SEG_NAMES, TraceBuilder
+
+REPO = Path(__file__).resolve().parents[2]
+MiB = 1 << 20
+READBACK = {
+    "PYTORCH_CUDA_ALLOC_CONF": "",
+    "max_split_size": -1,
+    "garbage_collection_threshold": 0.0,
+    "expandable_segments": False,
+    "roundup_power2_divisions": {str(1 << i): 0 for i in range(16)},
+}
+
+
+def _simulate_cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "allocconf_widget", "simulate", *map(str, args)],
+        capture_output=True, text=True, timeout=300, check=False, cwd=REPO, env=env,
+    )
+
+
+def _workload() -> TraceBuilder:
+    """A small training-like loop whose batch size varies (fragmentation-prone)."""
+    b = TraceBuilder(reuse_addresses=True)
+    weights = [b.alloc(n * MiB) for n in (16, 16, 64, 3)]
+    for step in range(30):
+        batch = 20 + (step * 7) % 13
+        acts = [b.alloc(batch * k * 256 * 1024) for k in (1, 3, 5, 2)]
+        tmp = b.alloc(batch * 40_000)
+        b.free(tmp)
+        for a in reversed(acts):
+            b.free(a)
+    assert weights
+    return b
+
+
+def _recorded_snapshot(b: TraceBuilder) -> dict[str, Any]:
+    """The snapshot torch (as modelled) would write: segment events in the trace."""
+    result = simulate(b.build(), SimSettings(torch_version=(2, 11)), record_segments=True)
+    by_index: dict[int, list[dict[str, Any]]] = {}
+    for idx, kind, addr, size in result.segment_events:
+        by_index.setdefault(idx, []).append(
+            {"action": SEG_NAMES[kind], "addr": addr, "size": size, "stream": 0}
+        )
+    entries: list[dict[str, Any]] = []
+    for idx, entry in enumerate(b.entries):
+        entries.extend(by_index.get(idx, ()))
+        entries.append(entry)
+    return {"segments": [], "device_traces": [entries], "allocator_settings": READBACK}
+
+
+@pytest.fixture
+def trace_file(tmp_path: Path) -> Path:
+    path = tmp_path / "trace.pickle.gz"
+    path.write_bytes(gzip.compress(pickle.dumps(_recorded_snapshot(_workload()))))
+    return path
+
+
+def test_no_conf_replays_recorded_settings_with_self_check(trace_file: Path) -> None:
+    result = _simulate_cli(trace_file, "--torch-version", "2.11")
+    assert result.returncode == 0, result.stderr
+    assert "self-check" in result.stdout
+    assert "reproduced (100.0%)" in result.stdout
+    assert "peak reserved matches" in result.stdout
+    assert "recorded:" in result.stdout
+
+
+def test_json_has_one_object_per_conf_in_order(trace_file: Path) -> None:
+    confs = ["expandable_segments:True", "max_split_size_mb:128", ""]
+    args: list[str] = ["--torch-version", "2.11", "--json"]
+    for c in confs:
+        args += ["--conf", c]
+    result = _simulate_cli(trace_file, *args)
+    assert result.returncode == 0, result.stderr
+    docs = json.loads(result.stdout)
+    assert [d["conf"] for d in docs] == confs
+    for d in docs:
+        for key in ("peak_reserved_bytes", "peak_allocated_bytes", "num_device_alloc",
+                    "num_alloc_retries", "oom", "fidelity"):
+            assert key in d
+        assert d["oom"] is None
+        assert d["fidelity"]["exact"] is True
+    assert docs[0]["peak_reserved_bytes"] <= docs[2]["peak_reserved_bytes"]
+
+
+def test_json_without_conf_describes_the_recorded_settings(trace_file: Path) -> None:
+    result = _simulate_cli(trace_file, "--torch-version", "2.11", "--json")
+    assert result.returncode == 0, result.stderr
+    (doc,) = json.loads(result.stdout)
+    assert doc["conf"] == "" and doc["recorded_settings"] is True
+    assert doc["fidelity"]["exact"] is True and doc["fidelity"]["checked"] is True
+
+
+def test_torch_version_is_inferred_when_not_given(trace_file: Path) -> None:
+    result = _simulate_cli(trace_file, "--json")
+    assert result.returncode == 0, result.stderr
+    assert "reproduce this trace best" in result.stderr
+    (doc,) = json.loads(result.stdout)
+    assert doc["fidelity"]["exact"] is True
+
+
+def test_device_total_with_suffix_predicts_an_oom(trace_file: Path) -> None:
+    result = _simulate_cli(trace_file, "--torch-version", "2.11", "--json",
+                           "--device-total", "100MiB", "--conf", "")
+    assert result.returncode == 0, result.stderr
+    (doc,) = json.loads(result.stdout)
+    assert doc["oom"] is not None
+    assert doc["oom"]["event_index"] >= 0
+    assert doc["device_total"] == 100 * MiB
+
+
+def test_recommend_ranks_candidates(trace_file: Path) -> None:
+    result = _simulate_cli(trace_file, "--torch-version", "2.11", "--recommend", "--json")
+    assert result.returncode == 0, result.stderr
+    docs = json.loads(result.stdout)
+    assert [d["rank"] for d in docs] == list(range(1, len(docs) + 1))
+    assert any(d["is_current"] for d in docs)
+    assert all(d["reason"] for d in docs)
+    peaks = [d["peak_reserved_bytes"] for d in docs]
+    assert peaks == sorted(peaks)  # nothing OOMs on an unlimited device
+    text = _simulate_cli(trace_file, "--torch-version", "2.11", "--recommend")
+    assert text.returncode == 0 and "why:" in text.stdout and "[current]" in text.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--conf", "max_split_size_mb:1"], "too small"),
+        (["--conf", "no_such_key:1"], "unknown option"),
+        (["--device-total", "eighty"], "cannot read 'eighty' as a size"),
+        (["--fraction", "0.5"], "needs --device-total"),
+        (["--torch-version", "1.9"], "outside the simulated range"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_fix(trace_file: Path, args: list[str], message: str) -> None:
+    result = _simulate_cli(trace_file, "--torch-version", "2.11", *args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert result.stdout == ""
+
+
+def test_snapshot_without_history_explains_how_to_record(tmp_path: Path) -> None:
+    path = tmp_path / "nohistory.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [[]]}))
+    result = _simulate_cli(path)
+    assert result.returncode == 2
+    assert "_record_memory_history(max_entries=1_000_000)" in result.stderr
+
+
+@pytest.mark.parametrize("content", [b"not a pickle at all", b""])
+def test_unreadable_files_exit_2(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "bad.pickle"
+    path.write_bytes(content)
+    result = _simulate_cli(path)
+    assert result.returncode == 2
+    assert "error:" in result.stderr
+
+
+def test_truncated_file_exit_2(tmp_path: Path, trace_file: Path) -> None:
+    raw = gzip.decompress(trace_file.read_bytes())
+    path = tmp_path / "cut.pickle"
+    path.write_bytes(raw[: len(raw) // 2])
+    result = _simulate_cli(path)
+    assert result.returncode == 2
+    assert "truncated" in result.stderr
+
+
+def test_missing_file_exit_2(tmp_path: Path) -> None:
+    result = _simulate_cli(tmp_path / "nope.pickle")
+    assert result.returncode == 2
+    assert "nope.pickle" in result.stderr

@@ -1,0 +1,146 @@
+"""Expandable segments (§6.12): page-granular mapping, growable best fit, unmapping."""
+
+from __future__ import annotations
+
+from allocconf_widget.core.trace import TraceBuilder
+from tests.unit.test_simulator import KiB, MiB, cached, engine, run, segs, settings
+
+ES = {"expandable_segments": True}
+
+
+def test_first_request_maps_one_large_page_and_splits() -> None:
+    b = TraceBuilder()
+    b.alloc(3 * MiB)
+    eng = engine(b, settings(**ES))
+    assert [(e[1], e[3]) for e in eng.seg_events] == [(2, 20 * MiB)]  # segment_map
+    assert eng.reserved == 20 * MiB
+    assert cached(eng) == [17 * MiB]
+
+
+def test_small_pool_pages_are_2_mib() -> None:
+    b = TraceBuilder()
+    b.alloc(700 * KiB)
+    assert segs(run(b, settings(**ES))) == [("segment_map", 2 * MiB)]
+
+
+def test_growth_maps_only_the_missing_pages_after_free_space() -> None:
+    # GIVEN 17 MiB free at the end of the mapped range
+    b = TraceBuilder()
+    b.alloc(3 * MiB)
+    b.alloc(30 * MiB)  # 17 free + one more 20 MiB page = 37 >= 30
+    result = run(b, settings(**ES))
+    assert segs(result) == [("segment_map", 20 * MiB), ("segment_map", 20 * MiB)]
+    assert result.peak_reserved_bytes == 40 * MiB
+    assert result.num_device_alloc == 2
+
+
+def test_page_size_follows_large_segment_size_from_2_11() -> None:
+    b = TraceBuilder()
+    b.alloc(3 * MiB)
+    new = settings(**ES, large_segment_bytes=64 * MiB, torch_version=(2, 11))
+    old = settings(**ES, large_segment_bytes=64 * MiB, torch_version=(2, 10))
+    assert segs(run(b, new)) == [("segment_map", 64 * MiB)]
+    assert segs(run(b, old)) == [("segment_map", 20 * MiB)]
+
+
+def test_large_request_maps_whole_pages() -> None:
+    b = TraceBuilder()
+    b.alloc(45 * MiB)
+    result = run(b, settings(**ES))
+    assert segs(result) == [("segment_map", 60 * MiB)]
+    eng = engine(b, settings(**ES))
+    assert cached(eng) == [15 * MiB]  # split even above 1 MiB rules: leftover >= 512
+
+
+def test_freed_blocks_merge_across_former_map_boundaries() -> None:
+    b = TraceBuilder()
+    x = b.alloc(3 * MiB)
+    y = b.alloc(30 * MiB)
+    b.free(x)
+    b.free(y)
+    eng = engine(b, settings(**ES))
+    assert cached(eng) == [40 * MiB]
+
+
+def test_oom_path_unmaps_other_streams_pages_then_retries() -> None:
+    # GIVEN 40 MiB mapped and cached on stream 0, 60 MiB usable
+    b = TraceBuilder()
+    x = b.alloc(3 * MiB, stream=0)
+    y = b.alloc(30 * MiB, stream=0)
+    b.free(x)
+    b.free(y)
+    # WHEN stream 1 needs 30 MiB (two pages: 40 + 40 > 60)
+    b.alloc(30 * MiB, stream=1)
+    result = run(b, settings(**ES), device_total=60 * MiB)
+    # THEN stream 0's whole pages are unmapped and the retry maps stream 1's
+    assert segs(result) == [
+        ("segment_map", 20 * MiB),
+        ("segment_map", 20 * MiB),
+        ("segment_unmap", 40 * MiB),
+        ("segment_map", 40 * MiB),
+    ]
+    assert result.num_alloc_retries == 1
+    assert result.num_device_free == 1
+    assert result.oom is None
+
+
+def test_unmap_keeps_partial_pages_mapped() -> None:
+    # GIVEN a live 3 MiB block at the start and a free [3, 40) MiB block after it
+    b = TraceBuilder()
+    b.alloc(3 * MiB)
+    y = b.alloc(30 * MiB)
+    b.free(y)
+    b.segment("segment_free", 0xDEAD, 1)  # empty_cache()
+    eng = engine(b, settings(**ES))
+    # THEN only the page [20, 40) is unmapped; [3, 20) stays mapped and cached
+    assert [(e[1], e[3]) for e in eng.seg_events][-1] == (3, 20 * MiB)
+    assert eng.reserved == 20 * MiB
+    assert cached(eng) == [17 * MiB]
+
+
+def test_expandable_blocks_are_not_released_by_gc() -> None:
+    b = TraceBuilder()
+    b.free(b.alloc(30 * MiB))
+    b.alloc(50 * MiB, stream=1)
+    s = settings(**ES, per_process_memory_fraction=0.5, gc_threshold=0.1)
+    result = run(b, s, device_total=200 * MiB)
+    assert "segment_unmap" not in [name for name, _ in segs(result)]
+
+
+def test_fraction_check_uses_the_segment_size_not_the_mapping() -> None:
+    # 3 MiB request: alloc_size 20 MiB is what the limit check adds
+    b = TraceBuilder()
+    b.alloc(3 * MiB)
+    s = settings(**ES, per_process_memory_fraction=0.15)
+    assert run(b, s, device_total=100 * MiB).oom is not None  # 20 > 15
+    s = settings(**ES, per_process_memory_fraction=0.25)
+    assert run(b, s, device_total=100 * MiB).oom is None
+
+
+def test_best_fit_prefers_the_block_that_would_grow_least() -> None:
+    # GIVEN two free blocks: A (20 MiB, in the middle, cannot grow) and B (18 MiB at the
+    # mapped end, growable by the whole unmapped reservation)
+    b = TraceBuilder()
+    a = b.alloc(20 * MiB)
+    keep = b.alloc(2 * MiB)
+    tail = b.alloc(18 * MiB)
+    b.free(a)
+    b.free(tail)
+    # WHEN 17 MiB is requested, B is the first fit by size but A grows less
+    b.alloc(17 * MiB)
+    eng = engine(b, settings(**ES))
+    assert sorted(cached(eng)) == [3 * MiB, 18 * MiB]
+    assert keep
+
+
+def test_no_expandable_segments_before_2_1() -> None:
+    b = TraceBuilder()
+    b.alloc(3 * MiB)
+    assert segs(run(b, settings(**ES, torch_version=(2, 0)))) == [("segment_alloc", 20 * MiB)]
+
+
+def test_private_pools_use_expandable_segments_only_from_2_12() -> None:
+    b = TraceBuilder()
+    b.alloc(3 * MiB, pool_id=(1, 0))
+    assert segs(run(b, settings(**ES, torch_version=(2, 12)))) == [("segment_map", 20 * MiB)]
+    assert segs(run(b, settings(**ES, torch_version=(2, 11)))) == [("segment_alloc", 20 * MiB)]
