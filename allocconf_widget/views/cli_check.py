@@ -34,8 +34,8 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Handler: 0 valid, 2 invalid or bad arguments."""
     from allocconf_widget.core.conf import parse_conf
-    from allocconf_widget.core.versions import resolve_version
     from allocconf_widget.core.envvars import check_environment, variable_to_write
+    from allocconf_widget.core.versions import resolve_version
 
     try:
         version = resolve_version(args.torch_version)

@@ -28,8 +28,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Handler: print the table; 2 on a bad --torch-version."""
-    from allocconf_widget.core.versions import resolve_version
     from allocconf_widget.core.schema_table import option_rows, render_markdown, render_text
+    from allocconf_widget.core.versions import resolve_version
 
     if args.markdown:
         sys.stdout.write(render_markdown())

@@ -26,7 +26,7 @@ def css_name(name: str) -> str:
     return f"allocconf-opt-{name.replace('_', '-')}"
 
 
-def _label(spec: opt.OptionSpec, width: str = "260px") -> Any:
+def _label(spec: opt.OptionSpec, width: str = "280px") -> Any:
     import ipywidgets as W
 
     tip = html.escape(f"{spec.summary} {spec.explanation} (torch {spec.releases_text()})", quote=True)
@@ -45,8 +45,10 @@ class OptionRow:
         self._quiet = False
         self.enabled = W.Checkbox(value=value is not None, indent=False,
                                   layout=W.Layout(width="28px"))
-        self.hint = W.HTML(layout=W.Layout(width="220px"))
+        self.enabled.add_class("allocconf-set")
+        self.hint = W.HTML(layout=W.Layout(width="300px"))
         self.editor, self._read, self._write = _editor_for(spec)
+        self.editor.layout.width = "430px"  # one column for every editor, so hints line up
         if value is not None:
             self._write(value)
         self.enabled.observe(self._changed, names="value")
@@ -75,9 +77,11 @@ class OptionRow:
         unset = not self.enabled.value
         for widget in _leaves(self.editor):
             widget.disabled = unset
-        unit = f" {self.spec.unit}" if self.spec.unit else ""
-        self.hint.value = (f"<i>default (unset): {html.escape(self.spec.default)}</i>" if unset
-                           else f"<span style='color:#555'>{html.escape(self.spec.kind.value)}{unit}</span>")
+        kind = self.spec.unit or self.spec.kind.value
+        style = "font-size:90%;color:#666"
+        self.hint.value = (f"<span style='{style}'><i>default (unset): "
+                           f"{html.escape(self.spec.default)}</i></span>" if unset
+                           else f"<span style='{style}'>{html.escape(kind)}</span>")
 
     def _changed(self, _change: Any) -> None:
         if self._quiet:
@@ -115,8 +119,8 @@ def _size_editor(spec: opt.OptionSpec) -> tuple[Any, Callable[[], str], Callable
     # slider position (and the few positions below the bound show torch's error inline)
     slider = W.FloatLogSlider(value=512 if low <= 512 <= high else low, base=2,
                               min=math.floor(math.log2(max(low, 1))), max=math.log2(high), step=0.25,
-                              readout=False, continuous_update=False,
-                              layout=W.Layout(width="260px"))
+                              readout=True, readout_format=".0f", continuous_update=False,
+                              layout=W.Layout(width="300px"))
     exact = W.IntText(value=round(slider.value), layout=W.Layout(width="110px"))
     syncing = [False]
 
@@ -134,6 +138,8 @@ def _size_editor(spec: opt.OptionSpec) -> tuple[Any, Callable[[], str], Callable
 
     slider.observe(slider_to_box, names="value")
     exact.observe(box_to_slider, names="value")
+    slider.add_class("allocconf-slider")
+    exact.add_class("allocconf-exact")
     box = W.HBox([slider, exact])
 
     def write(text: str) -> None:
@@ -198,18 +204,18 @@ def _roundup_editor(_spec: opt.OptionSpec) -> tuple[Any, Callable[[], str], Call
     """Both forms: one division count for every size, or a per-band list."""
     import ipywidgets as W
 
-    form = W.ToggleButtons(options=["one value", "per size band"], value="one value",
-                           style={"button_width": "100px"})
-    uniform = W.Dropdown(options=_POW2[1:], value="4", layout=W.Layout(width="80px"))
+    form = W.Dropdown(options=["one value", "per band"], value="one value",
+                      layout=W.Layout(width="110px"))
+    uniform = W.Dropdown(options=_POW2[1:], value="4", layout=W.Layout(width="70px"))
     bands = W.Text(value="[256:1,512:2,>:8]", placeholder="[256:1,512:2,>:8]",
-                   continuous_update=False, layout=W.Layout(width="180px"))
+                   continuous_update=False, layout=W.Layout(width="170px"))
 
     def read() -> str:
-        return str(uniform.value) if form.value == "one value" else str(bands.value)
+        return str(uniform.value) if form.value == "one value" else str(bands.value).strip()
 
     def write(text: str) -> None:
         if text.startswith("["):
-            form.value = "per size band"
+            form.value = "per band"
             bands.value = text
         else:
             form.value = "one value"

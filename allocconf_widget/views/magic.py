@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog="Docs: https://github.com/allocconf-widget/allocconf_widget/tree/main/docs",
     )
+    parser.add_argument("-r", "--return-result", action="store_true",
+                        help="return the subcommand's result object (for scripts and tests) "
+                        "instead of only printing")
     subparsers = parser.add_subparsers(dest="command", metavar="SUBCOMMAND", parser_class=_Parser)
     magic_core.register(subparsers)
     for name in _PLUGIN_MODULES:
@@ -89,9 +92,10 @@ def _magics_class() -> Any:
                 raise UsageError(f"%%allocconf {args.command or ''} does not take a cell body; "
                                  "use the line magic %allocconf")
             try:
-                return handler(args, ctx)
+                result = handler(args, ctx)
             except (AllocConfError, RuntimeStateError, SnapshotError) as exc:
                 raise UsageError(str(exc)) from None
+            return result if args.return_result else None
 
         allocconf.__doc__ = build_parser().format_help()
 

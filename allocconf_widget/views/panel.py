@@ -55,13 +55,19 @@ class Panel:
         self.apply_button.on_click(self._apply_clicked)
         self.restart_button.on_click(self._restart_clicked)
         self.snippet_button.on_click(self._snippet_clicked)
+        device_rows = [r.box for n, r in self._rows.items() if not n.startswith("pinned_")]
+        pinned_rows = [r.box for n, r in self._rows.items() if n.startswith("pinned_")]
+        groups = W.Accordion(children=[W.VBox(device_rows), W.VBox(pinned_rows)])
+        groups.set_title(0, f"GPU memory allocator ({len(device_rows)} options)")
+        groups.set_title(1, f"Pinned host memory ({len(pinned_rows)} options)")
+        groups.selected_index = 0
         settings = W.VBox([
             self.banner,
-            W.VBox([row.box for row in self._rows.values()]),
             self.status,
             W.HBox([self.apply_button, self.restart_button, self.snippet_button]),
             self.snippet_area,
             self.result,
+            groups,
         ])
         self.tabs = W.Tab(children=[settings, W.VBox(), W.VBox()])
         for index, title in enumerate(_TAB_TITLES):

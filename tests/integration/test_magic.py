@@ -36,8 +36,14 @@ def _fresh_session(ip):
 
 
 def magic(ip, line: str, capsys):
-    result = ip.run_line_magic("allocconf", line)
+    result = ip.run_line_magic("allocconf", f"-r {line}")
     return result, capsys.readouterr().out
+
+
+def test_results_are_returned_only_on_request(ip, capsys):
+    assert ip.run_line_magic("allocconf", "set expandable_segments=True") is None
+    staged = ip.run_line_magic("allocconf", "-r set expandable_segments=True")
+    assert staged.to_string() == "expandable_segments:True"
 
 
 def test_help_comes_from_the_parser(ip):

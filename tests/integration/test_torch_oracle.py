@@ -20,13 +20,13 @@ Two properties are checked:
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
 import pytest
 
 from allocconf_widget import AllocConfError, parse_conf
 from allocconf_widget.core import options as opt
 from allocconf_widget.core.versions import parse_version
+from tests.oracle_strings import make_case
 
 torch = pytest.importorskip("torch")
 SETTER = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
@@ -41,93 +41,7 @@ GENERIC_KEYS = {
     "large_segment_size_mb": (2, 11), "pinned_max_round_threshold_mb": (2, 13),
     "pinned_max_cached_size_mb": (2, 13),
 }
-KEYS = sorted(k for k, since in GENERIC_KEYS.items() if VERSION >= since)
-MAX_MIB = ((1 << 64) - 1) // (1 << 20)
-
-SIZE_CLEAN = ["0", "1", "10", "11", "19", "20", "21", "32", "64", "100", "128", "512", "4096",
-              "65536", "2147483647", "2147483648", str(1 << 40), str(MAX_MIB), "0128"]
-SIZE_NOISE = ["-5", "-1", "1e3", "12.5", "+128", "0x10", "abc", "128MB", str(MAX_MIB + 1),
-              "18446744073709551615", "99999999999999999999", "1 28"]
-FLOAT_CLEAN = ["0", "0.0", "0.5", ".5", "1", "1.0", "0.999", "6e-1", "1e-5", "2", "00.3", "0.6"]
-FLOAT_NOISE = ["0.5x", "nan", "inf", "-0.1", "abc", "0,5", "0.5.1", "1e-400x"]
-BOOL_CLEAN = ["True", "False"]
-BOOL_NOISE = ["true", "false", "1", "0", "yes", "TRUE", "Tr ue", "[True]"]
-
-
-@dataclass
-class Case:
-    text: str
-    well_formed: bool
-
-
-def _size(rng: random.Random) -> tuple[str, bool]:
-    if rng.random() < 0.25:
-        return rng.choice(SIZE_NOISE), False
-    if rng.random() < 0.3:
-        return str(rng.randint(0, 200_000)), True
-    return rng.choice(SIZE_CLEAN), True
-
-
-def _roundup(rng: random.Random) -> tuple[str, bool]:
-    roll = rng.random()
-    if roll < 0.3:
-        return str(rng.choice([0, 1, 2, 3, 4, 6, 8, 16, 64, 1 << 31, 1 << 40])), True
-    bands = sorted(rng.sample(range(16), rng.randint(1, 4)))
-    items = [f"{1 << b}:{rng.choice([0, 1, 2, 3, 4, 8, 16])}" for b in bands]
-    if rng.random() < 0.5:
-        items.append(f">:{rng.choice([0, 1, 2, 5, 8])}")
-    well_formed = True
-    mutation = rng.random()
-    if mutation < 0.08:
-        items.reverse()
-        well_formed = len(items) < 2
-    elif mutation < 0.14:
-        items.insert(0, f">:{rng.choice([1, 2])}")
-        well_formed = False
-    elif mutation < 0.2:
-        items[0] = f"{rng.choice([0, 3, 65536, 131072])}:2"
-        well_formed = False
-    elif mutation < 0.24:
-        return "[" + ",".join(items) + ",]", False
-    elif mutation < 0.27:
-        return "[]", False
-    return "[" + ",".join(items) + "]", well_formed
-
-
-def _value(key: str, rng: random.Random) -> tuple[str, bool]:
-    if key in ("expandable_segments", "pinned_use_background_threads"):
-        noise = rng.random() < 0.25
-        return rng.choice(BOOL_NOISE if noise else BOOL_CLEAN), not noise
-    if key == "garbage_collection_threshold":
-        noise = rng.random() < 0.25
-        return rng.choice(FLOAT_NOISE if noise else FLOAT_CLEAN), not noise
-    if key == "roundup_power2_divisions":
-        return _roundup(rng)
-    if key == "large_segment_size_mb" and rng.random() < 0.7:
-        return rng.choice(["5", "10", "11", "16", "20", "32", "64", "128"]), True
-    return _size(rng)
-
-
-def _case(rng: random.Random) -> Case:
-    items, well_formed = [], True
-    for _ in range(rng.randint(1, 4)):
-        key = rng.choice(KEYS)
-        value, ok = _value(key, rng)
-        well_formed &= ok
-        items.append(f"{key}:{value}")
-    text = ",".join(items)
-    slip = rng.random()
-    if slip < 0.04:
-        text, well_formed = text.replace(":", "=", 1), False
-    elif slip < 0.07:
-        text, well_formed = text + ",", False
-    elif slip < 0.09:
-        text, well_formed = text.replace(",", ",,", 1) if "," in text else text + ",,", False
-    elif slip < 0.12:
-        text = text.replace(",", " , ").replace(":", ": ", 1)  # harmless spacing
-    return Case(text, well_formed)
-
-
+KEYS = sorted(k for k, since in GENERIC_KEYS.items() if since <= VERSION)
 def torch_accepts(text: str) -> bool:
     SETTER("large_segment_size_mb:20")  # undo state a previous (even failing) call left
     try:
@@ -152,7 +66,7 @@ def test_our_generic_keys_match_the_independent_list():
 
 def test_differential_against_torch_parser():
     rng = random.Random(20261202)
-    cases = [_case(rng) for _ in range(6000)]
+    cases = [make_case(rng, KEYS) for _ in range(6000)]
     accepted_by_us_rejected_by_torch = []
     rejected_well_formed = []
     counts = {"torch_accepts": 0, "we_accept": 0, "well_formed": 0}

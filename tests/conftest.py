@@ -1,0 +1,106 @@
+"""Fixtures for every test: an isolated environment and a thread-leak check.
+
+* ``_isolated_alloc_env`` (autouse): removes ``PYTORCH_CUDA_ALLOC_CONF``,
+  ``PYTORCH_ALLOC_CONF`` and ``PYTORCH_HIP_ALLOC_CONF`` before each test, restores
+  the original values afterwards, and points ``XDG_CONFIG_HOME`` at a per-test
+  directory, so no test reads or writes the real ``~/.config``.
+* ``_no_thread_leaks`` (autouse): a test that leaves behind a new non-daemon thread,
+  or any thread whose name starts with ``allocconf``, fails at teardown (the idea of
+  tqdm's ``tqdm._instances`` check). Opt out with ``@pytest.mark.allow_thread_leak``.
+* Tests using the real-kernel or browser fixtures are marked ``kernel`` / ``browser``
+  automatically (the test modules also say so explicitly).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
+THREAD_PREFIX = "allocconf"
+THREAD_GRACE_S = 1.0
+
+_KERNEL_FIXTURES = {"kernel", "kernel_factory"}
+_BROWSER_FIXTURES = {"browser_page", "chromium", "notebook_page"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "allow_thread_leak: skip the per-test check for leaked non-daemon/allocconf threads",
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & _KERNEL_FIXTURES and not item.get_closest_marker("kernel"):
+            item.add_marker(pytest.mark.kernel)
+        if names & _BROWSER_FIXTURES and not item.get_closest_marker("browser"):
+            item.add_marker(pytest.mark.browser)
+
+
+@pytest.fixture
+def xdg_config_home(tmp_path: Path) -> Path:
+    """The per-test ``XDG_CONFIG_HOME`` (an empty directory)."""
+    path = tmp_path / "xdg-config"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _isolated_alloc_env(xdg_config_home: Path) -> Iterator[dict[str, str | None]]:
+    """Clear the allocator variables and isolate ``XDG_CONFIG_HOME``; restore afterwards.
+
+    Yields the values the variables had before the test (``None`` = unset).
+    """
+    keys = (*ALLOC_CONF_VARS, "XDG_CONFIG_HOME")
+    saved = {k: os.environ.get(k) for k in keys}
+    for k in ALLOC_CONF_VARS:
+        os.environ.pop(k, None)
+    os.environ["XDG_CONFIG_HOME"] = str(xdg_config_home)
+    try:
+        yield {k: saved[k] for k in ALLOC_CONF_VARS}
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _suspects(before: set[threading.Thread]) -> list[threading.Thread]:
+    return [
+        t
+        for t in threading.enumerate()
+        if t not in before and t.is_alive() and (not t.daemon or t.name.lower().startswith(THREAD_PREFIX))
+    ]
+
+
+@pytest.fixture(autouse=True)
+def _no_thread_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail the test if it leaves a new non-daemon or ``allocconf*`` thread running."""
+    before = set(threading.enumerate())
+    yield
+    if request.node.get_closest_marker("allow_thread_leak"):
+        return
+    leaked = _suspects(before)
+    if not leaked:
+        return
+    deadline = time.monotonic() + THREAD_GRACE_S  # let threads that are ending finish
+    for t in leaked:
+        t.join(max(0.0, deadline - time.monotonic()))
+    leaked = _suspects(before)
+    if leaked:
+        names = ", ".join(f"{t.name} (daemon={t.daemon})" for t in leaked)
+        pytest.fail(
+            f"test leaked {len(leaked)} thread(s): {names}. Stop/join them in the test, "
+            "or mark it @pytest.mark.allow_thread_leak (threads of session-wide machinery, "
+            "e.g. an event loop's executor, must be started by the session fixture)",
+            pytrace=False,
+        )

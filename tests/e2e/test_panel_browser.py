@@ -1,0 +1,116 @@
+"""The panel in a real JupyterLab and Notebook 7, driven in headless Chromium.
+
+A user runs the quickstart notebook, ticks ``max_split_size_mb``, moves its
+slider, clicks Apply; the notebook's own kernel must then hold the new string
+in the variable the installed torch reads. A value torch would reject shows
+the model's message inline and changes nothing. The screenshot taken here is
+the one the README shows (``ALLOCCONF_UPDATE_DOCS_IMAGES=1`` copies it to
+``docs/images/``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.jupyter import (
+    click_button,
+    find_widget,
+    screenshot,
+    set_slider,
+    set_toggle,
+    type_text,
+    wait_for_text,
+    wait_until,
+)
+
+pytestmark = pytest.mark.browser
+ROOT = Path(__file__).resolve().parents[2]
+VAR = "PYTORCH_ALLOC_CONF"  # what torch 2.13 reads when nothing else is set
+
+
+@pytest.fixture(autouse=True)
+def _no_saved_settings(jupyter_server):
+    """Apply saves settings for the next kernel; each test starts without any."""
+    saved = Path(jupyter_server.env["XDG_CONFIG_HOME"]) / "allocconf_widget" / "settings.json"
+    saved.unlink(missing_ok=True)
+    yield
+    saved.unlink(missing_ok=True)
+
+
+def _open_panel(notebook_page, ui: str):
+    nb = notebook_page(["%load_ext allocconf_widget", "import torch\n%allocconf"], ui=ui)
+    nb.run_all(timeout=120)
+    panel = nb.page.locator(".allocconf-panel")
+    panel.wait_for(state="visible", timeout=30_000)
+    return nb, panel
+
+
+def _row(panel, name: str):
+    return find_widget(panel, f"opt-{name.replace('_', '-')}")
+
+
+def test_move_slider_apply_reaches_the_kernel_environment(notebook_page):
+    nb, panel = _open_panel(notebook_page, "lab")
+    row = _row(panel, "max_split_size_mb")
+    assert "default (unset)" in row.inner_text()
+    set_toggle(row, "allocconf-set", True)
+    set_slider(row, "allocconf-slider", 1024)
+    wait_for_text(panel, "allocconf-status", re.compile(r"max_split_size_mb:1024"))
+    assert nb.getenv(VAR) is None  # editing stages only; Apply writes
+    shot = screenshot(nb.page, "panel-lab")
+    if os.environ.get("ALLOCCONF_UPDATE_DOCS_IMAGES"):
+        (ROOT / "docs" / "images").mkdir(exist_ok=True)
+        shutil.copy(panel_screenshot(nb, panel), ROOT / "docs" / "images" / "panel.png")
+    assert shot.exists()
+    click_button(panel, name="apply")
+    nb.wait_for_value(f"os.environ.get({VAR!r})", "max_split_size_mb:1024", setup="import os")
+    wait_for_text(panel, "allocconf-result", re.compile(r"Applied"))
+
+
+def panel_screenshot(nb, panel) -> Path:
+    path = screenshot(nb.page, "panel-only")
+    panel.screenshot(path=str(path))
+    return path
+
+
+def test_bad_value_shows_the_message_and_changes_nothing(notebook_page):
+    nb, panel = _open_panel(notebook_page, "lab")
+    row = _row(panel, "max_split_size_mb")
+    set_toggle(row, "allocconf-set", True)
+    type_text(row, "allocconf-exact", "8")
+    text = wait_for_text(panel, "allocconf-status", re.compile(r"too small"))
+    assert "needs at least 20" in text
+    apply_button = find_widget(panel, "apply")
+    wait_until(lambda: apply_button.first.is_disabled(), timeout=10, what="Apply disabled")
+    screenshot(nb.page, "panel-bad-value")
+    # the user insists: clicking a disabled button does nothing, the kernel is untouched
+    apply_button.first.click(force=True)
+    assert nb.getenv(VAR) is None
+    # the staged configuration still holds the last valid value (the slider's 512), never 8
+    assert nb.value("get_session(get_ipython()).staged().get('max_split_size_mb')",
+                    setup="from allocconf_widget.views.session import get_session") == 512
+
+
+def test_same_flow_in_notebook_7(notebook_page):
+    nb, panel = _open_panel(notebook_page, "notebook")
+    row = _row(panel, "expandable_segments")
+    set_toggle(row, "allocconf-set", True)
+    wait_for_text(panel, "allocconf-status", re.compile(r"expandable_segments:True"))
+    screenshot(nb.page, "panel-notebook7")
+    click_button(panel, name="apply")
+    nb.wait_for_value(f"os.environ.get({VAR!r})", "expandable_segments:True", setup="import os")
+    wait_for_text(panel, "allocconf-result", re.compile(r"Applied"))
+
+
+def test_magic_changes_show_up_in_an_open_panel(notebook_page):
+    nb, panel = _open_panel(notebook_page, "lab")
+    nb.execute("get_ipython().run_line_magic('allocconf', 'set roundup_power2_divisions=4')").check()
+    wait_for_text(panel, "allocconf-status", re.compile(r"roundup_power2_divisions:4"))
+    row = _row(panel, "roundup_power2_divisions")
+    wait_until(lambda: row.locator(".allocconf-set input").first.is_checked(), timeout=10,
+               what="the row to show the value set by the magic")
