@@ -33,7 +33,7 @@ def _nvml() -> ModuleType | None:
         return None
     try:
         pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
+    except Exception:
         return None
     return pynvml
 
@@ -55,7 +55,7 @@ def gpus() -> list[GpuInfo] | None:
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
             result.append(GpuInfo(index, _name(nvml, handle), int(memory.total), int(memory.used),
                                   int(memory.free)))
-    except Exception:  # noqa: BLE001 - a GPU fell off the bus, permissions, ...
+    except Exception:
         return None
     return result
 
@@ -75,6 +75,6 @@ def process_used_bytes(index: int, pid: int | None = None) -> int | None:
         for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
             if proc.pid == pid and proc.usedGpuMemory is not None:
                 return int(proc.usedGpuMemory)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
     return None

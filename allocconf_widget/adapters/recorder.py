@@ -20,6 +20,8 @@ from allocconf_widget._errors import RuntimeStateError
 from allocconf_widget.adapters import torch_private
 
 DEFAULT_MAX_ENTRIES = 1_000_000
+#: Extra snapshot key holding the segments that existed when recording started.
+INITIAL_SEGMENTS_KEY = "allocconf_initial_segments"
 
 
 @dataclass
@@ -31,6 +33,7 @@ class Recording:
     device_total: int | None = None
     free_at_start: int | None = None
     seconds: float = 0.0
+    peak_reserved: int | None = None
     error: BaseException | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -66,6 +69,13 @@ def record(max_entries: int = DEFAULT_MAX_ENTRIES, device: int = 0) -> Iterator[
     recording = Recording(torch_version=str(torch.__version__))
     memory._record_memory_history(enabled="all", context=None, stacks="python",
                                   max_entries=max_entries)
+    # What the allocator already holds: blocks allocated in earlier cells and cached free
+    # segments. The trace only has what happens from now on; the simulator starts from this.
+    try:
+        initial = torch.cuda.memory_snapshot(include_traces=False)  # 2.11+: skip the ring buffer
+    except TypeError:
+        initial = torch.cuda.memory_snapshot()
+    torch.cuda.reset_peak_memory_stats(device)
     free, total = torch.cuda.mem_get_info(device)
     recording.free_at_start, recording.device_total = int(free), int(total)
     started = time.perf_counter()
@@ -78,6 +88,9 @@ def record(max_entries: int = DEFAULT_MAX_ENTRIES, device: int = 0) -> Iterator[
         recording.seconds = time.perf_counter() - started
         try:
             recording.snapshot = memory._snapshot()
+            recording.snapshot[INITIAL_SEGMENTS_KEY] = initial
+            recording.peak_reserved = int(torch.cuda.memory_stats(device).get(
+                "reserved_bytes.all.peak", 0))
         finally:
             memory._record_memory_history(enabled=None)
         if recording.events >= max_entries:

@@ -38,7 +38,7 @@ def cuda_initialized(torch: ModuleType) -> bool:
     """``torch.cuda.is_initialized()``: cheap, initialises nothing."""
     try:
         return bool(torch.cuda.is_initialized())
-    except Exception:  # noqa: BLE001 - a broken CUDA setup must not break looking
+    except Exception:  # a broken CUDA setup must not break looking
         return False
 
 
@@ -152,3 +152,140 @@ def set_memory_fraction(torch: ModuleType, fraction: float) -> list[int]:
             torch.cuda.set_per_process_memory_fraction(fraction, device)
             changed.append(device)
     return changed
+
+
+# ----------------------------------------------------------------- monitor and OOM assistant
+# Added for the live monitor (adapters/sampler.py) and the OOM assistant
+# (views/oom_view.py). Same rules: never import torch, never initialise CUDA.
+
+
+def device_count(torch: ModuleType) -> int:
+    """``torch.cuda.device_count()``: NVML-based where possible, initialises nothing (allocator.md §5)."""
+    if not cuda_built(torch):
+        return 0
+    try:
+        return int(torch.cuda.device_count())
+    except Exception:  # a broken driver must not break looking
+        return 0
+
+
+def memory_stats(torch: ModuleType, device: int) -> dict[str, Any] | None:
+    """Flat ``memory_stats(device)`` once CUDA is initialised (0.2-0.3 ms); None before.
+
+    Before initialisation torch returns ``{}`` anyway; checking first keeps us
+    from ever being the caller that touches a device.
+    """
+    if not cuda_initialized(torch):
+        return None
+    try:
+        return dict(torch.cuda.memory_stats(device))
+    except (RuntimeError, AssertionError, ValueError):
+        return None
+
+
+def trace_free_snapshot(torch: ModuleType) -> list[dict[str, Any]]:
+    """Every device's segments without the trace ring buffer (``include_traces=False``, 2.11+).
+
+    Only called once CUDA is initialised (it would freeze the configuration
+    otherwise). Costs 6-12 ms at 2k segments / 20k blocks and holds the
+    allocator lock, so callers budget it. Raises ``RuntimeError`` under
+    ``backend:cudaMallocAsync`` (no segments there).
+    """
+    if not cuda_initialized(torch):
+        raise RuntimeError("CUDA is not initialised; a snapshot now would freeze the allocator settings")
+    try:
+        segments = torch.cuda.memory_snapshot(include_traces=False)
+    except TypeError:  # torch < 2.11 has no include_traces
+        segments = torch.cuda.memory_snapshot()
+    return list(segments)
+
+
+def full_snapshot(torch: ModuleType) -> dict[str, Any]:
+    """``torch.cuda.memory._snapshot()`` with whatever history is being recorded.
+
+    With stack history on this can take seconds (allocator.md §8): call it once,
+    on demand (the OOM assistant's Save button), never on a timer.
+    """
+    if not cuda_initialized(torch):
+        raise RuntimeError("CUDA is not initialised: there is no allocator state to save")
+    return dict(torch.cuda.memory._snapshot())
+
+
+def mem_get_info(torch: ModuleType, device: int) -> tuple[int, int] | None:
+    """``(free, total)`` of a device this process already has a context on; None otherwise.
+
+    ``mem_get_info`` initialises CUDA and would create a context on a device the
+    program never used, so both are checked first.
+    """
+    if not cuda_initialized(torch):
+        return None
+    has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+    try:
+        if has_context is not None and not has_context(device):
+            return None
+        free, total = torch.cuda.mem_get_info(device)
+    except (RuntimeError, AssertionError, ValueError):
+        return None
+    return int(free), int(total)
+
+
+def out_of_memory_error(torch: ModuleType) -> type[BaseException] | None:
+    """``torch.OutOfMemoryError`` (2.4+), ``torch.cuda.OutOfMemoryError`` (1.13+), or None."""
+    for owner in (torch, getattr(torch, "cuda", None)):
+        error = getattr(owner, "OutOfMemoryError", None)
+        if isinstance(error, type) and issubclass(error, BaseException):
+            return error
+    return None
+
+
+def register_step_hook(torch: ModuleType, hook: Any) -> Any:
+    """Register a global optimizer post-step hook (``hook(optimizer, args, kwargs)``).
+
+    Returns torch's removable handle, or None when this torch has no global hook
+    (< 2.0). ``torch.optim.optimizer`` is loaded by ``import torch``; we look it
+    up in ``sys.modules`` rather than importing anything.
+    """
+    module = sys.modules.get("torch.optim.optimizer") or getattr(
+        getattr(torch, "optim", None), "optimizer", None
+    )
+    register = getattr(module, "register_optimizer_step_post_hook", None)
+    if register is None:
+        return None
+    return register(hook)
+
+
+_oom_listeners: list[Any] = []
+_oom_state = {"attached": False}
+
+
+def _oom_trampoline(device: int, alloc: int, device_total: int, device_free: int) -> None:
+    for listener in list(_oom_listeners):
+        try:
+            listener(device, alloc, device_total, device_free)
+        except Exception:  # an observer must never turn an OOM into another error
+            continue
+
+
+def add_oom_listener(torch: ModuleType, listener: Any) -> bool:
+    """Call ``listener(device, alloc, device_total_or_allowed, device_free)`` on every CUDA OOM.
+
+    torch offers no way to detach an observer, so one trampoline is attached per
+    process and listeners come and go from its list. Attaching initialises CUDA
+    (allocator.md §9), so this does nothing (returns False) until the program
+    has initialised CUDA itself.
+    """
+    attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+    if attach is None or not cuda_initialized(torch):
+        return False
+    if not _oom_state["attached"]:
+        attach(_oom_trampoline)
+        _oom_state["attached"] = True
+    if listener not in _oom_listeners:
+        _oom_listeners.append(listener)
+    return True
+
+
+def remove_oom_listener(listener: Any) -> None:
+    """Stop calling ``listener`` (the trampoline itself stays: torch cannot detach it)."""
+    while listener in _oom_listeners:
+        _oom_listeners.remove(listener)

@@ -20,15 +20,20 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from importlib.abc import Traversable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from allocconf_widget._errors import SnapshotError
 from allocconf_widget.core.snapshot import Snapshot, load_snapshot
 from allocconf_widget.core.timeline import Timeline
 
 DEMO_NAME = "demo_cnn_h200"
+
+
+class Traversable(Protocol):
+    """What we need of a package-data file (``importlib.resources``) or a ``Path``."""
+
+    def read_bytes(self) -> bytes: ...
 
 _KEY_TO_SERIES = {
     "reserved_bytes.all.current": "reserved",

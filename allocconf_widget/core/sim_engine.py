@@ -22,7 +22,7 @@ Speed is a design goal (≥ 500k trace events/s per configuration in CPython):
 from __future__ import annotations
 
 import itertools
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from time import perf_counter
 from typing import TYPE_CHECKING
 
@@ -31,6 +31,7 @@ from allocconf_widget.core import sim_reclaim as reclaim
 from allocconf_widget.core.sim_blocks import KEY_SHIFT, Block, FreeList, Pool, insert_free, remove_free
 from allocconf_widget.core.sim_result import OomInfo, SegmentEvent, SimResult, SimSeries
 from allocconf_widget.core.sim_settings import (
+    MIB,
     ROUND_LARGE,
     SMALL_SIZE,
     EngineRules,
@@ -43,6 +44,87 @@ if TYPE_CHECKING:
     from allocconf_widget.core.trace import Trace
 
 _BUMP_BASE = 1 << 60  # simulated addresses live far above real (≤ 2^48) ones
+_SPACE_TOP = 1 << 59  # synthetic driver layout: below the bump, above real addresses
+VA_ALIGN = 32 * MIB  # the driver starts fresh and top-down placements on 32 MiB boundaries
+VA_TOP_DOWN_FROM = 80 * MIB  # smaller segments go bottom-up into free ranges, larger top-down
+
+
+class AddressSpace:
+    """Where the CUDA driver puts new segments, when the recorded addresses are unknown.
+
+    Addresses matter only for the equal-size tie-break of torch ≤ 2.11, through the
+    *order* of segments within a free list. The rules below are what the 66 recorded
+    H200 runs show (``benchmarks/address_model_study.py``; docs/simulator.md):
+
+    * memory the process never had is taken top-down: a segment goes below the lowest
+      one so far, starting on a 32 MiB boundary; the rest of that 32 MiB unit stays
+      free (this is where 2 MiB small-pool segments end up);
+    * a segment below 80 MiB takes the lowest-address free range that holds it, at
+      the range's start (bottom-up first fit);
+    * a segment of 80 MiB or more takes the highest 32 MiB-aligned start that fits in
+      a free range (top-down first fit);
+    * ``cudaFree`` gives the range back, merged with free neighbours.
+
+    Free ranges are a sorted list of starts plus a dict of lengths; segment creation
+    is rare, so the linear scans never show in the replay speed.
+    """
+
+    __slots__ = ("lengths", "low", "starts")
+
+    def __init__(self, top: int = _SPACE_TOP) -> None:
+        self.low = top  # lowest address handed out so far
+        self.starts: list[int] = []  # free ranges, by address
+        self.lengths: dict[int, int] = {}
+
+    def allocate(self, size: int) -> int:
+        """Address of a new ``size``-byte segment (a multiple of 2 MiB)."""
+        starts, lengths = self.starts, self.lengths
+        if size < VA_TOP_DOWN_FROM:
+            for start in starts:
+                if lengths[start] >= size:
+                    self._take(start, size)
+                    return start
+        else:
+            for start in reversed(starts):
+                addr = (start + lengths[start] - size) // VA_ALIGN * VA_ALIGN
+                if addr >= start:  # the highest range that fits holds the highest start
+                    self._take(addr, size)
+                    return addr
+        addr = (self.low - size) // VA_ALIGN * VA_ALIGN
+        if addr + size < self.low:
+            self.release(addr + size, self.low - addr - size)
+        self.low = addr
+        return addr
+
+    def release(self, addr: int, size: int) -> None:
+        """Return ``[addr, addr + size)`` to the free ranges."""
+        starts, lengths = self.starts, self.lengths
+        pos = bisect_left(starts, addr)
+        end = addr + size
+        if pos < len(starts) and starts[pos] == end:  # merge the free range above
+            end += lengths.pop(end)
+            del starts[pos]
+        if pos > 0:
+            below = starts[pos - 1]
+            if below + lengths[below] == addr:  # merge the free range below
+                lengths[below] = end - below
+                return
+        starts.insert(pos, addr)
+        lengths[addr] = end - addr
+
+    def _take(self, addr: int, size: int) -> None:
+        """Remove ``[addr, addr + size)`` from the free range that contains it."""
+        starts, lengths = self.starts, self.lengths
+        pos = bisect_right(starts, addr) - 1
+        start = starts[pos]
+        end = start + lengths.pop(start)
+        del starts[pos]
+        if addr + size < end:
+            starts.insert(pos, addr + size)
+            lengths[addr + size] = end - addr - size
+        if start < addr:
+            starts.insert(pos, start)
+            lengths[start] = addr - start
 
 
 class Engine:
@@ -81,7 +163,8 @@ class Engine:
         self.oom: OomInfo | None = None
         self.seg_events: list[SegmentEvent] = []
         self.stop_op: int | None = None
-        # simulated address space
+        # simulated address space: the driver model, or the recorded addresses (+ bump)
+        self.space = AddressSpace()
         self.bump = _BUMP_BASE
         self.hints: list[tuple[int, int]] | None = None
         self.hint_pos = 0
@@ -458,10 +541,13 @@ class Engine:
 
     # --------------------------------------------------------- address space
     def segment_address(self, size: int) -> int:
-        """Address for a new classic segment: the recorded one when replaying a trace, else bump."""
-        addr = self.reserve_va(size)  # advanced either way: same layout with or without hints
+        """Address for a new classic segment: the recorded one when replaying a trace
+        under its own settings (``check=True``), else the driver model's."""
         hints = self.hints
-        if hints is not None and self.hint_pos < len(hints):
+        if hints is None:
+            return self.space.allocate(size)
+        addr = self.reserve_va(size)  # where a segment goes when its hint does not apply
+        if self.hint_pos < len(hints):
             hsize, haddr = hints[self.hint_pos]
             self.hint_pos += 1
             if hsize == size and self._range_free(haddr, size):
@@ -471,11 +557,18 @@ class Engine:
                 return haddr
         return addr
 
+    def release_address(self, addr: int, size: int) -> None:
+        """A classic segment was freed (``cudaFree``): its range can be reused."""
+        if self.hints is None:
+            self.space.release(addr, size)
+        elif self.va_ends.pop(addr, None) is not None:
+            del self.va_starts[bisect_left(self.va_starts, addr)]
+
     def reserve_va(self, size: int) -> int:
         """A fresh range below all earlier ones (never reused, so always distinct).
 
-        Top-down like the CUDA driver's large allocations (seen in real traces):
-        newer segments lie lower, which decides the ≤ 2.11 address tie-break.
+        Used for expandable-segment reservations, and for segments whose recorded
+        address does not apply under ``check=True``.
         """
         self.bump -= -(-size // ROUND_LARGE) * ROUND_LARGE
         return self.bump

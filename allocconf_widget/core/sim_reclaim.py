@@ -26,9 +26,7 @@ def release_block(eng: Engine, b: Block, i: int) -> None:
     eng.reserved -= b.size
     eng.num_device_free += 1
     eng.segment_event(i, SEG_FREE, b.ptr, b.size)
-    end = eng.va_ends.pop(b.ptr, None)
-    if end is not None:
-        del eng.va_starts[bisect_left(eng.va_starts, b.ptr)]
+    eng.release_address(b.ptr, b.size)
 
 
 def release_oversize(eng: Engine, fl: FreeList, r: int, i: int) -> bool:

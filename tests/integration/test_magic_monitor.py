@@ -1,0 +1,70 @@
+"""``%allocconf monitor`` and ``%allocconf report`` through the real magic in IPython's test shell."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("IPython")
+
+from IPython.core.error import UsageError
+
+from allocconf_widget.core.recording import load_demo
+from allocconf_widget.views.monitor import active_monitor, stop_monitor
+
+
+@pytest.fixture
+def ip():
+    from IPython import get_ipython
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython() or get_ipython()
+    shell.run_line_magic("load_ext", "allocconf_widget")
+    yield shell
+    stop_monitor()
+    shell.run_line_magic("unload_ext", "allocconf_widget")
+
+
+def test_monitor_demo_starts_reports_status_and_stops(ip, capsys):
+    view = ip.run_line_magic("allocconf", "-r monitor --demo --renderer svg --interval 0.05")
+    assert view is active_monitor() and view.running and view.renderer == "svg"
+    assert view.recording is not None
+    status = ip.run_line_magic("allocconf", "-r monitor status")
+    assert status["running"] is True and status["recording"].startswith("Recording: ")
+    stopped = ip.run_line_magic("allocconf", "-r monitor stop")
+    assert stopped is view and not view.running and active_monitor() is None
+    out = capsys.readouterr().out
+    assert "monitor stopped" in out
+    assert ip.run_line_magic("allocconf", "-r monitor status") == {"running": False}
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("monitor --interval 0.001", "too short"),
+    ("monitor --renderer canvas", "invalid choice"),
+    ("monitor --demo --step-sync", "choose one"),
+    ("monitor --device -2", "start at 0"),
+    ("monitor sideways", "invalid choice"),
+    ("report --device 7", "devices with segments: 0"),
+])
+def test_bad_input_is_a_usage_error_that_says_what_is_wrong(ip, line, message):
+    with pytest.raises(UsageError, match=message):
+        ip.run_line_magic("allocconf", line)
+
+
+def test_report_without_cuda_shows_the_recording_labelled_as_such(ip, capsys):
+    doc = ip.run_line_magic("allocconf", "-r report")
+    assert doc["source"] == "recording"
+    assert doc["label"].startswith("Recording: ") and "torch" in doc["label"]
+    total = doc["devices"]["0"]["total"]
+    demo = load_demo()
+    assert total["reserved_bytes"] == sum(s["total_size"] for s in demo.snapshot()["segments"])
+    assert total["reserved_bytes"] == demo.peak("reserved_bytes.all.peak")  # it ended at its peak
+    out = capsys.readouterr().out
+    assert out.startswith("Recording: ") and "external fragmentation" in out
+
+
+def test_report_json_prints_the_same_document(ip, capsys):
+    doc = ip.run_line_magic("allocconf", "-r report --json --device 0")
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(json.dumps(doc))

@@ -1,0 +1,370 @@
+"""The monitor widget, headless: demo replay, ≤ 2 Hz redraws, bounded bytes per update, hooks.
+
+Widgets are real ipywidgets; their comm is replaced by one that records every
+message a front end would receive (the approach of ipywidgets' own tests), so
+the sizes below are the serialized bytes that would go over the websocket.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+
+import comm
+
+from allocconf_widget.adapters.frontend import Frontend
+from allocconf_widget.adapters.replay import ReplaySampler
+from allocconf_widget.adapters.sampler import Sampler
+from allocconf_widget.core.recording import load_demo
+from allocconf_widget.views import monitor as monitor_mod
+from allocconf_widget.views.monitor import (
+    MonitorView,
+    active_monitor,
+    start_monitor,
+    stop_monitor,
+)
+
+GIB = 1 << 30
+
+
+class RecordingComm:
+    """Stands in for a kernel comm; keeps (time, data, buffers) of every message sent."""
+
+    kernel = "recording"
+
+    def __init__(self, **kwargs):
+        self.comm_id = f"comm-{id(self)}"
+        self.open_data = kwargs.get("data")
+        self.sent: list[tuple[float, dict, list]] = []
+
+    def send(self, data=None, buffers=None, **_kwargs):
+        self.sent.append((time.monotonic(), data, list(buffers or [])))
+
+    def on_msg(self, *_a, **_k):
+        pass
+
+    def on_close(self, *_a, **_k):
+        pass
+
+    def close(self, *_a, **_k):
+        pass
+
+
+@pytest.fixture
+def comms(monkeypatch):
+    made: list[RecordingComm] = []
+
+    def create_comm(**kwargs):
+        made.append(RecordingComm(**kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(comm, "create_comm", create_comm)
+    yield made
+    # close the widgets this test made now, not in __del__ at interpreter exit
+    from ipywidgets.widgets import widget as widget_module
+
+    for instance in list(widget_module._instances.values()):
+        if isinstance(getattr(instance, "comm", None), RecordingComm):
+            instance.close()
+
+
+def _messages(widget) -> list[tuple[float, dict, list]]:
+    return [m for m in widget.comm.sent if m[1] and m[1].get("method") == "update"]
+
+
+def _size(message: tuple[float, dict, list]) -> int:
+    _t, data, buffers = message
+    return len(json.dumps(data, default=str).encode()) + sum(len(bytes(b)) for b in buffers)
+
+
+def _wait(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.fixture(autouse=True)
+def _no_active_monitor():
+    yield
+    stop_monitor()
+
+
+def _fast_demo_view(renderer: str = "svg", speed: float = 4.0, **kwargs) -> MonitorView:
+    source = ReplaySampler(load_demo(), interval=0.02, speed=speed)
+    return MonitorView(source, renderer=renderer, recording=source.recording,
+                       frontend=Frontend.JUPYTER, **kwargs)
+
+
+# ----------------------------------------------------------------- the demo replay
+
+
+def test_demo_replay_renders_the_recording_and_says_it_is_one(comms):
+    view = _fast_demo_view().start()
+    assert _wait(lambda: "replay finished" in view.status.value, timeout=15)
+    html = view.chart.widget.value
+    assert "Recording: " in html and "<svg" in html
+    assert "peak reserved 10.69 GiB" in html  # the real H200 run's peak
+    assert "Recording:" in view.header.value and "not this machine" in view.header.value
+    assert "replay finished" in view.status.value
+    assert f"{len(load_demo().samples)} samples" in view.status.value
+    # what the browser saw changed over the replay (several distinct chart states)
+    values = {m[1]["state"].get("value") for m in _messages(view.chart.widget)}
+    assert len(values) >= 4
+
+
+def test_start_monitor_without_a_gpu_replays_the_bundled_recording(comms, monkeypatch):
+    monkeypatch.setattr(monitor_mod, "gpu_expected", lambda: False)  # as on a CPU-only machine
+    view = start_monitor(interval=0.05)
+    try:
+        assert view.recording is not None and isinstance(view.source, ReplaySampler)
+        assert active_monitor() is view
+        assert _wait(lambda: view.source.timeline.samples(0) > 3)
+    finally:
+        stop_monitor()
+    assert active_monitor() is None
+    assert not view.running
+    assert [t for t in threading.enumerate() if t.name.startswith("allocconf")] == []
+
+
+def test_replay_restarts_after_it_finished(comms):
+    view = _fast_demo_view(speed=20).start()
+    assert _wait(lambda: not view.running, timeout=15)
+    first = view.source.timeline.samples(0)
+    view._on_start()
+    assert _wait(lambda: view.source.timeline.samples(0) > first, timeout=5)
+    view.stop()
+    assert any(m.label == "replay restarted" for m in view.source.timeline.markers())
+
+
+# ----------------------------------------------------------------- throttling and payload
+
+
+@pytest.mark.parametrize("renderer", ["svg", "figurewidget"])
+def test_redraws_stay_at_or_below_2_hz(comms, renderer):
+    view = _fast_demo_view(renderer=renderer, speed=3.0).start()
+    assert view.renderer == renderer
+    started = time.monotonic()
+    assert _wait(lambda: not view.running, timeout=15)
+    duration = time.monotonic() - started
+    # 50 sampler rounds per second arrive; at most 2 redraws per second (+ the forced first/last)
+    assert view.updates <= duration * 2 + 3
+    assert view.skipped > view.updates
+    key = "value" if renderer == "svg" else "_py2js_update"
+    times = [t for t, data, _b in _messages(view.chart.widget) if data["state"].get(key)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert len(times) >= 3
+    # allow the forced final redraw to come sooner; every other gap respects the interval
+    assert sorted(gaps)[1:] == [] or min(sorted(gaps)[1:]) >= 0.45
+
+
+def _one_hour_at_10_hz(view: MonitorView) -> None:
+    tl = view.source.timeline
+    for i in range(36_000):
+        tl.add(i / 10, {"reserved": 20 * GIB + 4 * GIB * math.sin(i / 300),
+                        "allocated": 9 * GIB + 5 * GIB * math.sin(i / 7), "active": 9 * GIB,
+                        "non_pytorch": 0.6 * GIB, "cached_share": 0.4 + 0.3 * math.sin(i / 11),
+                        "fragmentation": (0.2 + 0.1 * math.sin(i)) if i % 10 == 0 else None})
+        tl.step(i / 10, i)
+        if i % 3000 == 0:
+            tl.cell_started(f"cell [{i // 3000}]", x=i / 10)
+        if i % 3000 == 2999:
+            tl.cell_finished(x=i / 10)
+
+
+@pytest.mark.parametrize("renderer", ["svg", "figurewidget"])
+def test_bytes_per_update_stay_bounded_after_an_hour_at_10_hz(comms, renderer):
+    view = _fast_demo_view(renderer=renderer)
+    _one_hour_at_10_hz(view)
+    sizes = []
+    for k in range(3):
+        view.source.timeline.add(3600 + k, {"reserved": 21 * GIB, "allocated": 10 * GIB})
+        before = len(view.chart.widget.comm.sent)
+        assert view.refresh(force=True)
+        sizes.append(sum(_size(m) for m in view.chart.widget.comm.sent[before:]))
+    assert max(sizes) <= 64 * 1024, sizes
+    # and not trivially small: the hour is really in there
+    assert min(sizes) > 5_000, sizes
+
+
+# ----------------------------------------------------------------- threads, devices, hooks
+
+
+def test_concurrent_refreshes_and_device_switches_are_safe(comms):
+    sampler = Sampler(interval=1.0)
+    view = MonitorView(sampler, renderer="svg", frontend=Frontend.JUPYTER, min_update_interval=0.0)
+    errors: list[BaseException] = []
+    for d in (0, 1):
+        for i in range(200):
+            sampler.timeline.add(i, {"reserved": (d + 1) * GIB}, device=d)
+
+    def hammer(k: int) -> None:
+        try:
+            for i in range(100):
+                view.refresh(force=True)
+                view._on_device({"new": (i + k) % 2})
+                sampler.timeline.add(200 + i, {"reserved": 3 * GIB}, device=k % 2)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=hammer, args=(k,), name=f"test-hammer-{k}") for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not errors and view.last_error is None
+    assert view.device_picker in view.widget.children  # two GPUs: the picker appeared
+    assert [label for label, _v in view.device_picker.options] == ["GPU 0", "GPU 1"]
+    view._on_device({"new": 1})
+    assert view._payload().device == 1
+    assert "peak reserved 3.00 GiB" in view.chart.widget.value
+
+
+def test_cell_hooks_mark_runs_and_ooms_and_go_away_on_stop(comms):
+    torch = pytest.importorskip("torch")
+    shell = _test_shell()
+    sampler = Sampler(interval=0.05)
+    view = MonitorView(sampler, renderer="svg", frontend=Frontend.JUPYTER, shell=shell).start()
+    try:
+        shell.run_cell("x = 1")
+        shell.user_ns["_oom"] = torch.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 139.80 GiB")
+        shell.run_cell("raise _oom")
+        markers = sampler.timeline.markers()
+        assert [m.kind for m in markers if m.kind == "cell"] == ["cell", "cell"]
+        ooms = [m for m in markers if m.kind == "oom"]
+        assert len(ooms) == 1 and "Tried to allocate 20.00 GiB" in ooms[0].label
+    finally:
+        view.stop()
+    callbacks = shell.events.callbacks
+    assert view._pre_run_cell not in callbacks["pre_run_cell"]
+    assert view._post_run_cell not in callbacks["post_run_cell"]
+    shell.run_cell("y = 2")
+    assert len([m for m in sampler.timeline.markers() if m.kind == "cell"]) == 2
+
+
+def test_export_buttons_write_files_and_say_where(comms, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    view = _fast_demo_view(speed=50).start()
+    assert _wait(lambda: not view.running, timeout=15)
+    view._on_csv()
+    csv_file = next(tmp_path.glob("allocconf-timeline-*.csv"))
+    assert str(csv_file.name) in view.status.value
+    header, *rows = csv_file.read_text().splitlines()
+    assert header.startswith("device,t_start_s,t_end_s,samples,reserved_bytes")
+    assert len(rows) == len(load_demo().samples)
+    view._on_json()
+    doc = json.loads(next(tmp_path.glob("allocconf-timeline-*.json")).read_text())
+    assert doc["meta"]["recording"].startswith("Recording: ")
+    view._on_snapshot()
+    saved = next(tmp_path.glob("allocconf-recording-*.pickle"))
+    from allocconf_widget.core.snapshot import load_snapshot
+
+    assert len(load_snapshot(saved)["segments"]) == len(load_demo().snapshot()["segments"])
+    view._on_segments()
+    assert "segments" in view.segments.value and "<svg" in view.segments.value
+
+
+# ----------------------------------------------------------------- choices and errors
+
+
+def test_renderer_choice_per_front_end(comms):
+    for frontend, expected in ((Frontend.JUPYTER, "figurewidget"), (Frontend.COLAB, "svg"),
+                               (Frontend.VSCODE, "svg"), (Frontend.HEADLESS, "svg")):
+        view = MonitorView(ReplaySampler(load_demo()), renderer="auto", frontend=frontend)
+        assert view.renderer == expected, frontend
+    forced = MonitorView(ReplaySampler(load_demo()), renderer="svg", frontend=Frontend.JUPYTER)
+    assert forced.renderer == "svg"
+
+
+def test_figurewidget_falls_back_to_svg_with_the_reason(comms, monkeypatch):
+    import plotly.graph_objects as go
+
+    def broken(*_a, **_k):
+        raise ImportError("Please install anywidget to use the FigureWidget class")
+
+    monkeypatch.setattr(go, "FigureWidget", broken)
+    view = MonitorView(ReplaySampler(load_demo()), renderer="figurewidget", frontend=Frontend.JUPYTER)
+    assert view.renderer == "svg"
+    view.refresh(force=True)
+    assert "anywidget" in view.status.value
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"interval": 0}, "interval=0"),
+    ({"renderer": "canvas"}, "renderer='canvas'"),
+    ({"device": -1}, "device=-1"),
+])
+def test_start_monitor_rejects_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        start_monitor(**kwargs)
+
+
+def test_starting_a_second_monitor_stops_the_first(comms):
+    first = start_monitor(demo=True, interval=0.05)
+    second = start_monitor(demo=True, interval=0.05)
+    assert not first.running and second.running and active_monitor() is second
+    stop_monitor()
+    assert not second.running
+
+
+def test_live_monitor_waits_for_cuda_without_touching_it(comms, monkeypatch):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_initialized():
+        pytest.skip("CUDA was initialised earlier in this process")
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(monitor_mod, "gpu_expected", lambda: True)
+    view = start_monitor(interval=0.02, renderer="svg")
+    try:
+        assert view.recording is None
+        assert _wait(lambda: "waiting for CUDA" in view.chart.widget.value)
+    finally:
+        stop_monitor()
+    assert not torch.cuda.is_initialized()
+
+
+def test_monitor_view_has_a_text_form_for_terminals(comms):
+    view = _fast_demo_view(speed=50).start()
+    assert _wait(lambda: "replay finished" in view.status.value, timeout=15)
+    text = view.text()
+    assert "<" not in text and "reserved 10.69 GiB" in text
+    assert "MonitorView svg stopped" in repr(view)
+
+
+def test_demo_data_file_is_packaged():
+    from importlib import resources
+
+    data = resources.files("allocconf_widget").joinpath("data")
+    assert data.joinpath("demo_cnn_h200.json").is_file()
+    assert Path(str(data.joinpath("demo_cnn_h200.pickle.gz"))).stat().st_size > 10_000
+
+
+def _test_shell():
+    """IPython's global test shell (``start_ipython`` returns it only on its first call)."""
+    from IPython import get_ipython
+    from IPython.testing.globalipapp import start_ipython
+
+    return start_ipython() or get_ipython()
+
+
+def test_close_closes_only_the_monitors_own_widgets(comms):
+    import ipywidgets
+
+    bystander = ipywidgets.IntSlider()
+    view = _fast_demo_view(speed=50).start()
+    view.close()
+    assert not view.running
+    assert view.widget.comm is None and view.chart.widget.comm is None
+    assert bystander.comm is not None
+    with pytest.raises(RuntimeError, match="closed"):
+        view.start()
