@@ -86,7 +86,7 @@ def test_bad_value_shows_the_message_and_changes_nothing(notebook_page):
     text = wait_for_text(panel, "allocconf-status", re.compile(r"too small"))
     assert "needs at least 20" in text
     apply_button = find_widget(panel, "apply")
-    wait_until(lambda: apply_button.first.is_disabled(), timeout=10, what="Apply disabled")
+    wait_until(apply_button.first.is_disabled, timeout=10, what="Apply disabled")
     screenshot(nb.page, "panel-bad-value")
     # the user insists: clicking a disabled button does nothing, the kernel is untouched
     apply_button.first.click(force=True)
@@ -112,5 +112,5 @@ def test_magic_changes_show_up_in_an_open_panel(notebook_page):
     nb.execute("get_ipython().run_line_magic('allocconf', 'set roundup_power2_divisions=4')").check()
     wait_for_text(panel, "allocconf-status", re.compile(r"roundup_power2_divisions:4"))
     row = _row(panel, "roundup_power2_divisions")
-    wait_until(lambda: row.locator(".allocconf-set input").first.is_checked(), timeout=10,
+    wait_until(row.locator(".allocconf-set input").first.is_checked, timeout=10,
                what="the row to show the value set by the magic")

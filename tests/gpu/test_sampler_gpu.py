@@ -162,7 +162,7 @@ def test_oom_observer_and_assistant_explain_a_real_oom(tmp_path):
         before = OomAssistant(shell)
         attached_early = before.attach_observer()  # CUDA not up yet: must refuse
         sampler = Sampler(interval=0.02).start()
-        torch.ones(1, device="cuda")
+        keep = torch.ones(1, device="cuda")  # a live block: its segment survives the OOM path
         torch.cuda.set_per_process_memory_fraction(0.01)
         assistant = OomAssistant(shell)
         assistant.install()

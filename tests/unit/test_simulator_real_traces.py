@@ -141,8 +141,8 @@ def test_what_if_replays_predict_the_measured_runs(
     that run's measured peak reserved memory (device unlimited in practice: no fraction).
 
     Exact agreement is not expected everywhere: without the recorded addresses the
-    simulator lays segments out top-down, as the driver roughly does, so 2.11's
-    address tie-break can pick another block now and then.
+    simulator places segments by a model of the driver's layout (docs/simulator.md,
+    "Addresses"), so 2.11's address tie-break can pick another block now and then.
     """
     from allocconf_widget.core.simulator import simulate_many
 
