@@ -1,0 +1,88 @@
+"""The panel, what-if tab and monitor as widget trees, without a front end.
+
+These run in the main suite (ipywidgets 8) and again in CI under Colab's
+versions (ipywidgets 7.7.1, IPython 7.34.0, plotly 5.24.1; the ``colab-compat``
+phase of ``.ci/run``), so the code paths a Colab user hits are exercised with
+the libraries Colab ships. Colab's front end itself cannot run here.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+
+from allocconf_widget.views.panel import Panel  # noqa: E402
+from allocconf_widget.views.session import Session  # noqa: E402
+
+
+def test_panel_edit_validate_apply():
+    panel = Panel(Session())
+    row = panel._rows["max_split_size_mb"]
+    row.enabled.value = True
+    row.editor.children[1].value = 8  # the exact-number box: torch needs at least 20
+    assert "too small" in panel.status.value
+    assert panel.apply_button.disabled
+    assert "PYTORCH_ALLOC_CONF" not in os.environ
+    row.editor.children[1].value = 1024
+    assert "max_split_size_mb:1024" in panel.status.value and not panel.apply_button.disabled
+    panel._apply_clicked(None)
+    assert os.environ["PYTORCH_ALLOC_CONF"] == "max_split_size_mb:1024"
+    assert "Applied" in panel.result.value
+    panel.close()
+
+
+def test_panel_roundup_editor_both_forms():
+    panel = Panel(Session())
+    row = panel._rows["roundup_power2_divisions"]
+    form, uniform, bands = row.editor.children
+    row.enabled.value = True
+    assert "roundup_power2_divisions:4" in panel.status.value
+    form.value = "per band"
+    bands.value = "[256:1,512:2,>:8]"
+    assert "roundup_power2_divisions:[256:1,512:2,&gt;:8]" in panel.status.value
+    bands.value = "[512:1,256:2]"
+    assert "must increase" in panel.status.value
+    panel.close()
+
+
+def test_snippet_button_shows_copyable_lines():
+    panel = Panel(Session())
+    panel._rows["expandable_segments"].enabled.value = True
+    panel._snippet_clicked(None)
+    assert "%env PYTORCH_ALLOC_CONF=expandable_segments:True" in panel.snippet_area.value
+    assert "export PYTORCH_ALLOC_CONF='expandable_segments:True'" in panel.snippet_area.value
+    panel.close()
+
+
+def test_whatif_tab_on_the_bundled_recording():
+    from allocconf_widget.views.whatif import WhatIfView
+
+    view = WhatIfView(Session(), renderer="svg")
+    result = view.run()
+    assert result.candidates[0].conf == "expandable_segments:True"
+    assert "<svg" in view.charts.children[0].value
+    assert len(view.rows.children) == len(result.candidates)
+    view.apply("expandable_segments:True")
+    assert os.environ["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
+
+
+def test_monitor_demo_replay_with_svg():
+    from allocconf_widget.views.monitor import start_monitor, stop_monitor
+
+    import time
+
+    view = start_monitor(interval=0.05, renderer="svg", demo=True)
+    try:
+        deadline = time.monotonic() + 10
+        while "reserved" not in view.text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        view.refresh(force=True)
+        labels = [getattr(child, "value", "") for child in view.widget.children]
+        assert any(label.startswith("<b>Recording:</b>") for label in labels)  # never passes as live
+        assert "reserved" in view.text()
+        assert "<svg" in view.chart.widget.value
+    finally:
+        stop_monitor()
