@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("ipywidgets")
 
-from allocconf_widget.views.panel import Panel  # noqa: E402
-from allocconf_widget.views.session import Session  # noqa: E402
+from allocconf_widget.views.panel import Panel
+from allocconf_widget.views.session import Session
 
 
 def test_panel_edit_validate_apply():
@@ -37,7 +37,7 @@ def test_panel_edit_validate_apply():
 def test_panel_roundup_editor_both_forms():
     panel = Panel(Session())
     row = panel._rows["roundup_power2_divisions"]
-    form, uniform, bands = row.editor.children
+    form, _uniform, bands = row.editor.children
     row.enabled.value = True
     assert "roundup_power2_divisions:4" in panel.status.value
     form.value = "per band"
@@ -70,9 +70,9 @@ def test_whatif_tab_on_the_bundled_recording():
 
 
 def test_monitor_demo_replay_with_svg():
-    from allocconf_widget.views.monitor import start_monitor, stop_monitor
-
     import time
+
+    from allocconf_widget.views.monitor import start_monitor, stop_monitor
 
     view = start_monitor(interval=0.05, renderer="svg", demo=True)
     try:
