@@ -43,7 +43,7 @@ def detect_frontend(environ: dict[str, str] | None = None, modules: Any = None) 
         return Frontend.COLAB
     if "VSCODE_PID" in env or "VSCODE_CWD" in env:
         return Frontend.VSCODE
-    shell = _shell()
+    shell = _shell(mods)
     if shell is None:
         return Frontend.PLAIN
     if type(shell).__name__ == "TerminalInteractiveShell":
@@ -55,8 +55,8 @@ def detect_frontend(environ: dict[str, str] | None = None, modules: Any = None) 
     return Frontend.JUPYTER if getattr(shell, "kernel", None) is not None else Frontend.TERMINAL
 
 
-def _shell() -> Any:
-    ipython = sys.modules.get("IPython")
+def _shell(modules: Any = None) -> Any:
+    ipython = (sys.modules if modules is None else modules).get("IPython")
     if ipython is None:
         return None
     return ipython.get_ipython()

@@ -181,6 +181,13 @@ def recommend(
             "the replay of the current settings does not reproduce the recorded segment "
             f"events exactly ({fidelity.summary()}); treat the ranking as approximate"
         )
+    if trace.initial_state is not None:
+        notes.append(
+            f"the replays start from {trace.initial_state.provenance()} "
+            f"({trace.initial_state.describe()}): each candidate is replayed as if switched now, "
+            "mid-run, keeping those segments; peaks cover the recorded window")
+    elif trace.initial_note:
+        notes.append(trace.initial_note)
     if trace.partial:
         notes.append("the trace is partial (ring buffer wrapped): peaks cover only its window")
     return Recommendation(

@@ -57,12 +57,14 @@ class Block:
 class Pool:
     """torch's ``BlockPool``: one per (private pool id, small/large), across streams."""
 
-    __slots__ = ("clock", "default", "expandable", "lists", "small")
+    __slots__ = ("clock", "default", "expandable", "lists", "pool_id", "small")
 
-    def __init__(self, small: bool, default: bool, expandable: bool) -> None:
+    def __init__(self, small: bool, default: bool, expandable: bool,
+                 pool_id: tuple[int, int] = (0, 0)) -> None:
         self.small = small
         self.default = default
         self.expandable = expandable
+        self.pool_id = pool_id
         self.clock = 0  # get_free_blocks_call_count
         self.lists: list[FreeList] = []  # sorted by raw stream, like torch's set order
 

@@ -38,7 +38,15 @@ from allocconf_widget.core.sim_settings import (
     SimSettings,
     round_size,
 )
-from allocconf_widget.core.trace import SEG_ALLOC
+from allocconf_widget.core.sim_state import (
+    ALLOCATED,
+    FREE,
+    PENDING,
+    AllocatorState,
+    StateBlock,
+    StateSegment,
+)
+from allocconf_widget.core.trace import SEG_ALLOC, SEG_MAP
 
 if TYPE_CHECKING:
     from allocconf_widget.core.trace import Trace
@@ -47,6 +55,7 @@ _BUMP_BASE = 1 << 60  # simulated addresses live far above real (≤ 2^48) ones
 _SPACE_TOP = 1 << 59  # synthetic driver layout: below the bump, above real addresses
 VA_ALIGN = 32 * MIB  # the driver starts fresh and top-down placements on 32 MiB boundaries
 VA_TOP_DOWN_FROM = 80 * MIB  # smaller segments go bottom-up into free ranges, larger top-down
+_SEED_LOW_MIN = 1 << 40  # a start state's segments set the layout's top only above 1 TiB
 
 
 class AddressSpace:
@@ -170,12 +179,23 @@ class Engine:
         self.hint_pos = 0
         self.va_starts: list[int] = []
         self.va_ends: dict[int, int] = {}
+        self.map_hints: list[int] | None = None  # recorded segment_map addresses (check=True)
+        self.map_pos = 0
+        self.reservations: list[xp.ExpSegment] = []
         if address_hints:
             self.hints = [
                 (size, addr)
                 for kind, size, addr in zip(trace.seg_kinds, trace.seg_sizes, trace.seg_addrs, strict=True)
                 if kind == SEG_ALLOC
             ]
+            self.map_hints = [
+                addr for kind, addr in zip(trace.seg_kinds, trace.seg_addrs, strict=True) if kind == SEG_MAP
+            ]
+        # expandable blocks of a start state under settings without expandable segments
+        # are skipped by best fit, as torch does when the option is turned off at runtime
+        self.skip_expandable = False
+        if trace.initial_state is not None:
+            self._seed(trace.initial_state)
 
     def _build_pools(self, trace: Trace, rules: EngineRules) -> None:
         pools: dict[tuple[tuple[int, int], bool], Pool] = {}
@@ -185,7 +205,7 @@ class Engine:
             if key not in pools:
                 default = pool_id == (0, 0)
                 exp = rules.expandable and (default or rules.expandable_private_pools)
-                pools[key] = Pool(small, default, exp)
+                pools[key] = Pool(small, default, exp, pool_id)
             return pools[key]
 
         self.default_large = pool_for((0, 0), False)
@@ -258,6 +278,10 @@ class Engine:
             device_total=self.rules.device_total,
             partial_trace=trace.partial,
             segment_events=tuple(self.seg_events) if self.record_segments else (),
+            initial_state_source=trace.initial_state.source if trace.initial_state is not None else None,
+            initial_reserved_bytes=trace.initial_reserved_bytes,
+            initial_allocated_bytes=(
+                trace.initial_state.allocated_bytes if trace.initial_state is not None else 0),
         )
 
     # ---------------------------------------------------------------- hot loop
@@ -276,7 +300,8 @@ class Engine:
         slots, div2 = rules.slots, rules.division_needs_two
         max_split, slack = rules.max_split, rules.oversize_slack
         exp_on, gc_on, by_addr = rules.expandable, rules.gc_enabled, rules.tie_by_address
-        take_exp = xp.take_free_expandable
+        exp_lookup = exp_on or self.skip_expandable
+        take_exp = xp.take_free_expandable if exp_on else xp.take_free_skipping_expandable
         next_ctr = self.counter.__next__
         new_block = Block
         allocated, active, requested = self.allocated, self.active, self.requested
@@ -296,7 +321,7 @@ class Engine:
                 blk = None
                 j = bisect_left(keys, r << 64)
                 if j < len(keys):
-                    if exp_on:
+                    if exp_lookup:
                         blk = take_exp(self, fl, j, r)
                     else:
                         k = keys[j]
@@ -458,6 +483,8 @@ class Engine:
             return None
         if rules.expandable:
             return xp.take_free_expandable(self, fl, j, r)
+        if self.skip_expandable:
+            return xp.take_free_skipping_expandable(self, fl, j, r)
         b = fl.blocks[fl.keys[j]]
         if b.size >= rules.max_split and (r < rules.max_split or b.size >= r + rules.oversize_slack):
             return None
@@ -564,6 +591,16 @@ class Engine:
         elif self.va_ends.pop(addr, None) is not None:
             del self.va_starts[bisect_left(self.va_starts, addr)]
 
+    def expandable_base(self, size: int) -> int:
+        """Base of a new expandable reservation: under ``check=True`` the address of the
+        next recorded ``segment_map`` (a new range is mapped from its start), else fresh."""
+        hints = self.map_hints
+        if hints is not None and self.map_pos < len(hints):
+            addr = hints[self.map_pos]
+            if all(not (r.base < addr + size and addr < r.base + r.size) for r in self.reservations):
+                return addr
+        return self.reserve_va(size)
+
     def reserve_va(self, size: int) -> int:
         """A fresh range below all earlier ones (never reused, so always distinct).
 
@@ -579,3 +616,112 @@ class Engine:
         if pos < len(starts) and starts[pos] < start + size:
             return False
         return not (pos > 0 and self.va_ends[starts[pos - 1]] > start)
+
+    # ---------------------------------------------------------- start state
+    def _seed(self, state: AllocatorState) -> None:
+        """Start from ``state`` instead of an empty allocator (docs/simulator.md,
+        "Traces that start mid-run").
+
+        Its segments keep their recorded addresses; free blocks go into the free
+        list of their pool (small/large by segment type) and stream, live blocks
+        become the trace's first address ids (the decoder numbered them the same
+        way), pending frees wait for their ``free_completed``. Reserved, allocated,
+        active and requested start at the state's totals, and so do the peaks (as
+        after ``reset_peak_memory_stats()``); the counters start at 0. Expandable
+        runs are re-assembled into reservations (see :func:`.sim_expandable.seed_reservations`).
+        """
+        trace = self.trace
+        keys = zip(trace.lane_pools, trace.lane_streams, strict=True)
+        lane_of = {key: lane for lane, key in enumerate(keys)}
+        lists = {(lane, small): (self.small_lists if small else self.large_lists)[lane]
+                 for lane in range(len(lane_of)) for small in (True, False)}
+        exp_of = xp.seed_reservations(self, state)
+        ends: dict[int, tuple[Block, Block]] = {}
+        live = self.live
+        aid = 0
+        for seg in state.segments:
+            fl = lists[(lane_of[(seg.pool_id, seg.stream)], seg.small)]
+            exp = exp_of.get(seg.address) if seg.expandable else None
+            prev: Block | None = None
+            first: Block | None = None
+            for sb in seg.blocks:
+                b = Block(sb.address, sb.size, fl, exp, self.new_tb(sb.address))
+                if prev is None:
+                    first = b
+                else:
+                    prev.next = b
+                    b.prev = prev
+                prev = b
+                if sb.state == FREE:
+                    insert_free(b)
+                    continue
+                b.busy = True
+                b.req = sb.requested_size
+                live[aid] = b
+                aid += 1
+                self.active += sb.size
+                self.requested += sb.requested_size
+                if sb.state == PENDING:
+                    b.pending = True
+                    self.pending[aid - 1] = b
+                else:
+                    self.allocated += sb.size
+            assert first is not None and prev is not None
+            ends[seg.address] = (first, prev)
+            self.reserved += seg.total_size
+        xp.link_reservations(self, state, exp_of, ends)
+        self.skip_expandable = not self.rules.expandable and bool(exp_of)
+        self.peak_reserved = self.chunk_max_reserved = self.reserved
+        self.peak_allocated = self.chunk_max_alloc = self.allocated
+        self.peak_active = self.active
+        classic = [(seg.address, seg.total_size) for seg in state.segments if not seg.expandable]
+        if self.hints is None:
+            # new memory goes below the old segments; gaps between them count as taken. (Not
+            # for addresses so low that new segments could run out of room below them.)
+            lowest = min((addr for addr, _ in classic), default=self.space.low)
+            if _SEED_LOW_MIN <= lowest < self.space.low:
+                self.space.low = lowest
+        else:
+            for addr, size in classic:
+                self.va_starts.insert(bisect_left(self.va_starts, addr), addr)
+                self.va_ends[addr] = addr + size
+
+    def export_state(self, source: str = "replayed") -> AllocatorState:
+        """The simulated allocator's segments and blocks now, as a snapshot would list them."""
+        seen: set[int] = set()
+        segments: list[StateSegment] = []
+        candidates: list[Block] = [b for b in self.live if b is not None]
+        for fl in self.small_lists + self.large_lists:
+            candidates.extend(fl.blocks.values())
+            candidates.extend(fl.unmapped)
+        for blk in candidates:
+            if id(blk) in seen:
+                continue
+            head = blk
+            while head.prev is not None:
+                head = head.prev
+            run: list[Block] = []
+            cur: Block | None = head
+            while cur is not None:
+                seen.add(id(cur))
+                if cur.mapped:
+                    run.append(cur)
+                elif run:
+                    segments.append(_state_segment(run))
+                    run = []
+                cur = cur.next
+            if run:
+                segments.append(_state_segment(run))
+        segments.sort(key=lambda seg: seg.address)
+        return AllocatorState(tuple(segments), source=source)
+
+
+def _state_segment(run: list[Block]) -> StateSegment:
+    fl = run[0].fl
+    blocks = tuple(
+        StateBlock(b.ptr, b.size, (PENDING if b.pending else ALLOCATED) if b.busy else FREE,
+                   b.req if b.busy else 0)
+        for b in run
+    )
+    return StateSegment(run[0].ptr, sum(b.size for b in run), fl.stream, fl.pool.small,
+                        run[0].seg is not None, blocks, fl.pool.pool_id)

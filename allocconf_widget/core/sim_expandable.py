@@ -25,6 +25,7 @@ from allocconf_widget.core.trace import SEG_MAP, SEG_UNMAP
 if TYPE_CHECKING:
     from allocconf_widget.core.sim_blocks import FreeList
     from allocconf_widget.core.sim_engine import Engine
+    from allocconf_widget.core.sim_state import AllocatorState, StateSegment
 
 
 class ExpSegment:
@@ -62,6 +63,24 @@ def take_free_expandable(eng: Engine, fl: FreeList, j: int, r: int) -> Block | N
             b = nb
             if b.seg is None:
                 break
+    rules = eng.rules
+    if b.size >= rules.max_split and (r < rules.max_split or b.size >= r + rules.oversize_slack):
+        return None
+    del keys[j]
+    del blocks[b.key]
+    return b
+
+
+def take_free_skipping_expandable(eng: Engine, fl: FreeList, j: int, r: int) -> Block | None:
+    """``get_free_block`` with expandable segments turned off while expandable blocks are
+    cached (a start state recorded with them on): torch skips those blocks."""
+    keys, blocks = fl.keys, fl.blocks
+    n = len(keys)
+    while j < n and blocks[keys[j]].seg is not None:
+        j += 1
+    if j == n:
+        return None
+    b = blocks[keys[j]]
     rules = eng.rules
     if b.size >= rules.max_split and (r < rules.max_split or b.size >= r + rules.oversize_slack):
         return None
@@ -119,8 +138,10 @@ def _find_room(eng: Engine, fl: FreeList, r: int) -> Block:
             return c
     page = SMALL_BUFFER if fl.pool.small else eng.rules.large_segment
     size = -(-eng.rules.expandable_reserve() // page) * page
-    base = eng.reserve_va(size)
-    c = Block(base, size, fl, ExpSegment(base, page, size), eng.new_tb(base))
+    base = eng.expandable_base(size)
+    exp = ExpSegment(base, page, size)
+    eng.reservations.append(exp)
+    c = Block(base, size, fl, exp, eng.new_tb(base))
     c.mapped = False
     _unmapped_insert(fl, c)
     return c
@@ -136,6 +157,7 @@ def _map_block(eng: Engine, b: Block, n: int, i: int) -> bool:
         return False
     fl = b.fl
     _unmapped_remove(fl, b)
+    eng.map_pos += 1
     b.mapped = True
     if m < b.size:
         rest = Block(b.ptr + m, b.size - m, fl, seg, eng.new_tb(b.ptr + m))
@@ -219,3 +241,95 @@ def unmap_block(eng: Engine, b: Block, i: int) -> None:
 def release_segment(b: Block) -> None:
     """``release_expandable_segment``: drop a fully unmapped reservation (no trace entry)."""
     _unmapped_remove(b.fl, b)
+
+
+def seed_reservations(eng: Engine, state: AllocatorState) -> dict[int, ExpSegment]:
+    """Reservations for a start state's expandable runs: run address -> its :class:`ExpSegment`.
+
+    A snapshot lists each contiguous mapped run of an expandable segment as its own
+    segment and says nothing of the reservation around it. Runs of one (pool, stream,
+    small/large) are taken to share a reservation of ``9/8 × device`` (the engine's
+    reserve size; more if the runs span more) that starts at the lowest run, or lower
+    where the trace maps or unmaps pages below it (pages in front of the lowest run
+    that were unmapped before the trace began and are mapped again in it: a whole
+    number of pages below, within one reservation's reach). A run beyond that reach
+    starts a new reservation. Pages are the replayed settings' page size (2 MiB
+    small; ``large_segment_size`` large).
+    """
+    groups: dict[tuple[tuple[int, int], int, bool], list[StateSegment]] = {}
+    for seg in state.segments:
+        if seg.expandable:
+            groups.setdefault((seg.pool_id, seg.stream, seg.small), []).append(seg)
+    reserve = eng.rules.expandable_reserve()
+    found: list[tuple[ExpSegment, list[StateSegment]]] = []
+    for (_, _, small), runs in groups.items():
+        page = SMALL_BUFFER if small else eng.rules.large_segment
+        full = -(-reserve // page) * page
+        cur: tuple[ExpSegment, list[StateSegment]] | None = None
+        for seg in sorted(runs, key=lambda s: s.address):
+            if cur is None or seg.address >= cur[0].base + full:
+                cur = (ExpSegment(seg.address, page, full), [])
+                found.append(cur)
+            cur[1].append(seg)
+    trace = eng.trace
+    touched = sorted(addr for kind, addr in zip(trace.seg_kinds, trace.seg_addrs, strict=True)
+                     if kind in (SEG_MAP, SEG_UNMAP))
+    for addr in touched:
+        best: ExpSegment | None = None
+        for exp, runs in found:
+            runs_end = runs[-1].address + runs[-1].total_size
+            if exp.base <= addr < exp.base + exp.size:
+                best = None
+                break
+            if (addr < exp.base and (exp.base - addr) % exp.page == 0 and runs_end - addr <= exp.size
+                    and (best is None or exp.base < best.base)):
+                best = exp
+        if best is not None:
+            best.base = addr
+    out: dict[int, ExpSegment] = {}
+    for exp, runs in found:
+        runs_end = runs[-1].address + runs[-1].total_size
+        exp.size = max(exp.size, -(-(runs_end - exp.base) // exp.page) * exp.page)
+        eng.reservations.append(exp)
+        for seg in runs:
+            out[seg.address] = exp
+    return out
+
+
+def link_reservations(
+    eng: Engine, state: AllocatorState, exp_of: dict[int, ExpSegment], ends: dict[int, tuple[Block, Block]]
+) -> None:
+    """Chain each seeded reservation's runs in address order, unmapped gaps between them
+    and an unmapped tail to the reservation's end (``ends``: first and last block per run)."""
+    runs: dict[int, list[StateSegment]] = {}
+    for seg in state.segments:
+        if seg.expandable:
+            runs.setdefault(id(exp_of[seg.address]), []).append(seg)
+    for segs in runs.values():
+        segs.sort(key=lambda s: s.address)
+        exp = exp_of[segs[0].address]
+        fl = ends[segs[0].address][0].fl
+        pos = exp.base
+        last: Block | None = None
+        for seg in segs:
+            first, end_blk = ends[seg.address]
+            if seg.address > pos:
+                last = _seed_unmapped(eng, fl, exp, last, pos, seg.address - pos)
+            if last is not None:
+                last.next = first
+                first.prev = last
+            last = end_blk
+            pos = seg.address + seg.total_size
+        if pos < exp.base + exp.size:
+            _seed_unmapped(eng, fl, exp, last, pos, exp.base + exp.size - pos)
+
+
+def _seed_unmapped(eng: Engine, fl: FreeList, exp: ExpSegment, prev: Block | None, ptr: int,
+                   size: int) -> Block:
+    b = Block(ptr, size, fl, exp, eng.new_tb(ptr))
+    b.mapped = False
+    if prev is not None:
+        prev.next = b
+        b.prev = prev
+    _unmapped_insert(fl, b)
+    return b

@@ -103,7 +103,10 @@ class Fidelity:
     def summary(self) -> str:
         """One line for people."""
         if self.recorded_events == 0:
-            return "no recorded segment events to check against"
+            if self.simulated_events:
+                return (f"no recorded segment events to check against, but the replay made "
+                        f"{self.simulated_events}: the model needed memory the real run did not")
+            return "no recorded segment events to check against (the replay made none either)"
         text = (
             f"{self.matched_events}/{self.recorded_events} recorded segment events reproduced "
             f"({100 * self.reproduced:.1f}%), peak reserved "
@@ -179,6 +182,9 @@ class SimResult:
     partial_trace: bool
     fidelity: Fidelity | None = None
     segment_events: tuple[SegmentEvent, ...] = ()
+    initial_state_source: str | None = None  # "recorded" / "reconstructed"; None: empty start
+    initial_reserved_bytes: int = 0
+    initial_allocated_bytes: int = 0
 
     @property
     def fragmentation_at_peak(self) -> float:
@@ -216,6 +222,11 @@ class SimResult:
             "stopped_early": self.stopped_early,
             "device_total": self.device_total,
             "partial_trace": self.partial_trace,
+            "initial_state": None if self.initial_state_source is None else {
+                "source": self.initial_state_source,
+                "reserved_bytes": self.initial_reserved_bytes,
+                "allocated_bytes": self.initial_allocated_bytes,
+            },
             "seconds": round(self.seconds, 6),
             "fidelity": self.fidelity.to_json() if self.fidelity is not None else None,
             "series": self.series.to_json(),
@@ -253,6 +264,11 @@ def compare_segments(
             got=_label(sim[prefix]) if prefix < len(sim) else None,
         )
     notes: list[str] = []
+    if trace.initial_state is not None:
+        notes.append(f"replay started from {trace.initial_state.provenance()} "
+                     f"({trace.initial_state.describe()})")
+    elif trace.initial_note:
+        notes.append(trace.initial_note)
     if trace.partial:
         notes.append(
             f"{trace.unknown_frees} frees of addresses allocated before the trace began: "

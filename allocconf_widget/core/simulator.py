@@ -11,7 +11,8 @@ Typical use::
 
 The engine lives in :mod:`.sim_engine` (hot loop, new segments), with
 :mod:`.sim_blocks` (blocks, free lists), :mod:`.sim_reclaim` (OOM path, GC,
-``empty_cache``) and :mod:`.sim_expandable`; settings and release rules in
+``empty_cache``) and :mod:`.sim_expandable`; the start state of traces recorded
+mid-run (recorded, or reconstructed backwards) in :mod:`.sim_state`; settings and release rules in
 :mod:`.sim_settings`; result types and the fidelity comparison in
 :mod:`.sim_result`; trace decoding in :mod:`.trace`. Standard library only.
 """
@@ -35,9 +36,11 @@ from allocconf_widget.core.sim_result import (
     compare_segments,
 )
 from allocconf_widget.core.sim_settings import SimSettings, parse_torch_version, round_size
+from allocconf_widget.core.sim_state import AllocatorState, reconstruct_initial_state
 from allocconf_widget.core.trace import Trace, decode_entries, extract_trace
 
 __all__ = [
+    "AllocatorState",
     "Divergence",
     "Fidelity",
     "OomInfo",
@@ -49,6 +52,8 @@ __all__ = [
     "extract_trace",
     "infer_torch_version",
     "parse_torch_version",
+    "reconstruct_initial_state",
+    "replay_state",
     "round_size",
     "self_check",
     "simulate",
@@ -102,6 +107,27 @@ def simulate(
     return result
 
 
+def replay_state(
+    trace: Trace,
+    settings: SimSettings,
+    *,
+    device_total: int | None = None,
+    non_pytorch_bytes: int = 0,
+    check: bool = True,
+) -> AllocatorState:
+    """The simulated allocator's segments and blocks after replaying the whole trace.
+
+    With ``check`` (the default) new segments take the recorded addresses, so under
+    the recorded settings the result can be compared with the snapshot's final
+    ``segments`` (``AllocatorState.from_snapshot_segments(snapshot["segments"])``).
+    The replay does not stop at an OOM.
+    """
+    engine = Engine(trace, settings, device_total=device_total, non_pytorch_bytes=non_pytorch_bytes,
+                    stop_at_oom=False, address_hints=check)
+    engine.run(1)
+    return engine.export_state()
+
+
 def self_check(
     trace: Trace,
     recorded_settings: SimSettings,
@@ -112,7 +138,8 @@ def self_check(
     """Replay under the settings the trace was recorded with and score the match.
 
     Without ``device_total`` the capacity is inferred from the first recorded OOM
-    (see :meth:`Trace.inferred_usable_bytes`), so OOM-path releases replay too.
+    (see :meth:`Trace.inferred_usable_bytes`), so OOM-path releases replay too. A
+    trace with a start state (``trace.initial_state``) replays from it.
     """
     if device_total is None and recorded_settings.per_process_memory_fraction is None:
         device_total, non_pytorch_bytes = trace.inferred_usable_bytes(), 0

@@ -17,16 +17,33 @@ Decoding also does the bookkeeping the engine should not pay for per event:
 * bursts of ``segment_free``/``segment_unmap`` that no allocation explains are
   ``torch.cuda.empty_cache()`` calls, replayed as ``EMPTY_CACHE``;
 * the recorded segment events are kept aside as the fidelity reference.
+
+A trace recorded mid-run (a notebook cell after the model was built, a ring buffer
+that wrapped) does not start from an empty allocator. :func:`extract_trace` then
+attaches the allocator state at the trace's start (:mod:`.sim_state`): the one the
+recorder saved (``allocconf_initial_segments``), else one reconstructed backwards
+from the snapshot's final segments. Its live blocks are known addresses to the
+decoder, so their later frees replay; the engine starts from its segments.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from allocconf_widget._errors import SnapshotError
+from allocconf_widget.core.sim_state import (
+    INITIAL_SEGMENTS_KEY,
+    PENDING,
+    RECORDED,
+    AllocatorState,
+    ReconstructionError,
+    reconstruct_initial_state,
+    start_state_evidence,
+)
 
 OP_ALLOC = 0
 OP_FREE = 1  # free_requested + free_completed at once
@@ -91,6 +108,8 @@ class Trace:
     unknown_frees: int
     first_unknown_free: int | None
     empty_cache_calls: int
+    initial_state: AllocatorState | None = None
+    initial_note: str | None = None
 
     def replay_columns(self) -> tuple[list[int], list[int], list[int], list[int]]:
         """(ops, address ids, sizes, lanes) as lists, built once per process and cached.
@@ -134,9 +153,14 @@ class Trace:
         """True when the trace starts after allocations it later frees (ring buffer wrapped)."""
         return self.unknown_frees > 0
 
+    @property
+    def initial_reserved_bytes(self) -> int:
+        """Reserved bytes when the trace begins (0 unless it starts from a known state)."""
+        return self.initial_state.reserved_bytes if self.initial_state is not None else 0
+
     def recorded_reserved_peak(self) -> int:
-        """Peak of reserved memory implied by the recorded segment events (from 0)."""
-        reserved = peak = 0
+        """Peak of reserved memory implied by the recorded segment events (from the start state)."""
+        reserved = peak = self.initial_reserved_bytes
         for kind, size in zip(self.seg_kinds, self.seg_sizes, strict=True):
             reserved += size if kind in (SEG_ALLOC, SEG_MAP) else -size
             peak = max(peak, reserved)
@@ -144,7 +168,7 @@ class Trace:
 
     def recorded_reserved_at(self, event_index: int) -> int:
         """Reserved bytes implied by recorded segment events before ``event_index``."""
-        reserved = 0
+        reserved = self.initial_reserved_bytes
         for kind, size, idx in zip(self.seg_kinds, self.seg_sizes, self.seg_index, strict=True):
             if idx >= event_index:
                 break
@@ -168,13 +192,32 @@ class Trace:
         """One line for CLI output."""
         counts = ", ".join(f"{name} {count:,}" for name, count in self.action_counts)
         text = f"device {self.device}: {self.num_events:,} events ({counts})"
+        if self.initial_state is not None:
+            kind = "recorded" if self.initial_state.source == RECORDED else "reconstructed"
+            text += f"; starts from a {kind} allocator state: {self.initial_state.describe()}"
         if self.partial:
             text += f"; PARTIAL: {self.unknown_frees:,} frees of addresses allocated before the trace"
         return text
 
 
-def extract_trace(snapshot: Mapping[str, Any], device: int | None = None) -> Trace:
+def extract_trace(
+    snapshot: Mapping[str, Any],
+    device: int | None = None,
+    *,
+    initial_state: AllocatorState | str = "auto",
+) -> Trace:
     """Decode ``snapshot["device_traces"][device]`` (default: the busiest device).
+
+    ``initial_state`` is the allocator state the replay starts from:
+
+    * ``"auto"`` (default): the recorder's ``allocconf_initial_segments`` when the
+      snapshot has them; else, when the trace cannot have started from an empty
+      allocator (frees of blocks it never allocated, final segments it never
+      created), the state reconstructed backwards from the snapshot's final
+      ``segments`` (:func:`.sim_state.reconstruct_initial_state`); else empty;
+    * ``"empty"``: always start from an empty allocator (the behaviour before
+      start states existed);
+    * an :class:`.sim_state.AllocatorState`: start from that.
 
     Raises:
         SnapshotError: the snapshot has no trace (recorded without history),
@@ -188,14 +231,100 @@ def extract_trace(snapshot: Mapping[str, Any], device: int | None = None) -> Tra
     if not 0 <= device < len(traces) or not isinstance(traces[device], list) or not traces[device]:
         have = [d for d, t in enumerate(traces) if isinstance(t, list) and t]
         raise SnapshotError(f"device {device} has no trace entries; devices with a trace: {have}")
-    return decode_entries(traces[device], device=device)
+    entries = traces[device]
+    if isinstance(initial_state, AllocatorState):
+        return decode_entries(entries, device=device, initial_state=initial_state)
+    if initial_state not in ("auto", "empty"):
+        raise ValueError(f"initial_state must be 'auto', 'empty' or an AllocatorState, not {initial_state!r}")
+    if initial_state == "empty":
+        return decode_entries(entries, device=device)
+    state, note = _recorded_state(snapshot, device)
+    if state is not None:
+        return decode_entries(entries, device=device, initial_state=state,
+                              start=_recorded_start(entries, state))
+    trace, live = _decode(entries, device, None, 0)
+    segments = snapshot.get("segments")
+    if not isinstance(segments, list):
+        return trace
+    try:
+        final = AllocatorState.from_snapshot_segments(segments, device=device, source="final")
+    except ValueError:
+        return trace
+    events = ((SEG_NAMES[k], a, n) for k, a, n in zip(trace.seg_kinds, trace.seg_addrs, trace.seg_sizes,
+                                                     strict=True))
+    reason = start_state_evidence(events, final, trace.unknown_frees, live)
+    if reason is None:
+        return trace if note is None else dataclasses.replace(trace, initial_note=note)
+    settings = _recorded_settings(snapshot)
+    try:
+        state = reconstruct_initial_state(entries, final, settings, note=reason)
+    except ReconstructionError as exc:
+        return dataclasses.replace(trace, initial_note=(
+            f"the trace starts mid-run ({reason}), but its start state could not be reconstructed "
+            f"from the final segments ({exc}); replaying from an empty allocator"))
+    if not state.segments:
+        return trace
+    return decode_entries(entries, device=device, initial_state=state)
 
 
-def decode_entries(entries: Sequence[Any], device: int = 0) -> Trace:
-    """Decode a chronological list of trace-entry dicts (see allocator.md §7.4)."""
-    b = _Decoder(entries)
-    b.run()
-    return Trace(
+def _recorded_state(snapshot: Mapping[str, Any], device: int) -> tuple[AllocatorState | None, str | None]:
+    """The recorder's start state (``allocconf_initial_segments``), if any, and a note if unreadable."""
+    raw = snapshot.get(INITIAL_SEGMENTS_KEY)
+    if not isinstance(raw, list):
+        return None, None
+    try:
+        state = AllocatorState.from_snapshot_segments(
+            raw, device=device, source=RECORDED, note="memory_snapshot() taken when recording started")
+    except ValueError as exc:
+        return None, f"the recorded start state ({INITIAL_SEGMENTS_KEY}) is unreadable: {exc}"
+    return (state if state.segments else None), None
+
+
+def _recorded_start(entries: Sequence[Any], state: AllocatorState) -> int:
+    """Index of the ``snapshot`` entry the recorded state was taken at (events before it are in it).
+
+    The recorder turns history on, then calls ``memory_snapshot()``, which leaves a
+    ``snapshot`` entry whose size is the active bytes at that moment. Anything
+    recorded before it (another thread's allocations) is already in the state.
+    """
+    active = state.active_bytes
+    for idx, e in enumerate(entries[:256]):
+        if isinstance(e, Mapping) and e.get("action") == "snapshot":
+            return idx if _int(e.get("size")) == active else 0
+    return 0
+
+
+def _recorded_settings(snapshot: Mapping[str, Any]) -> Any:
+    """The snapshot's own settings (their rounding sizes blocks during reconstruction)."""
+    from allocconf_widget.core.sim_settings import SimSettings
+
+    readback = snapshot.get("allocator_settings")
+    version, _ = guess_torch_version(snapshot)
+    return SimSettings.from_allocator_settings(readback if isinstance(readback, Mapping) else None, version)
+
+
+def decode_entries(
+    entries: Sequence[Any],
+    device: int = 0,
+    *,
+    initial_state: AllocatorState | None = None,
+    start: int = 0,
+) -> Trace:
+    """Decode a chronological list of trace-entry dicts (see allocator.md §7.4).
+
+    With ``initial_state``, its live blocks are known to the decoder (their frees
+    replay) and the replay starts from its segments. ``start`` skips entries
+    already reflected in that state (event indices stay those of ``entries``).
+    """
+    return _decode(entries, device, initial_state, start)[0]
+
+
+def _decode(
+    entries: Sequence[Any], device: int, initial_state: AllocatorState | None, start: int
+) -> tuple[Trace, list[int]]:
+    b = _Decoder(entries, initial_state)
+    b.run(start)
+    trace = Trace(
         device=device,
         num_events=len(entries),
         ops=b.ops,
@@ -216,14 +345,17 @@ def decode_entries(entries: Sequence[Any], device: int = 0) -> Trace:
         unknown_frees=b.unknown_frees,
         first_unknown_free=b.first_unknown,
         empty_cache_calls=b.empty_calls,
+        initial_state=initial_state,
     )
+    return trace, list(b.live)
 
 
 class _Decoder:
     """Single pass over the entries; see the module docstring for what it folds."""
 
-    def __init__(self, entries: Sequence[Any]) -> None:
+    def __init__(self, entries: Sequence[Any], initial: AllocatorState | None = None) -> None:
         self.entries = entries
+        self.initial = initial
         self.ops: array[int] = array("b")
         self.aids: array[int] = array("q")
         self.sizes: array[int] = array("q")
@@ -242,6 +374,7 @@ class _Decoder:
         self.unknown_frees = 0
         self.first_unknown: int | None = None
         self.empty_calls = 0
+        self.live: dict[int, bool] = {}  # addr -> free already requested
 
     def _lane(self, entry: Mapping[str, Any]) -> int:
         pool = _pool_id(entry)
@@ -269,13 +402,33 @@ class _Decoder:
         if self.first_unknown is None:
             self.first_unknown = idx
 
-    def run(self) -> None:
+    def _seed(self) -> None:
+        """Blocks live in the start state get the first address ids, in state order (the
+        engine enumerates them the same way); pending frees wait for their completion."""
+        if self.initial is None:
+            return
+        for _, blk in self.initial.live_blocks():
+            self.addr_ids.setdefault(blk.address, len(self.addr_ids))
+            self.live[blk.address] = blk.state == PENDING
+
+    def _seed_lanes(self) -> None:
+        """Lanes for the start state's segments (after the trace's own, so theirs keep their ids)."""
+        if self.initial is None:
+            return
+        for seg in self.initial.segments:
+            key = (seg.pool_id, seg.stream)
+            if key not in self.lane_ids:
+                self.lane_ids[key] = len(self.lane_keys)
+                self.lane_keys.append(key)
+
+    def run(self, start: int = 0) -> None:
+        self._seed()
         entries = self.entries
         n = len(entries)
-        live: dict[int, bool] = {}  # addr -> free already requested
+        live = self.live
         counts = self.counts
         skip_next = False
-        for idx in range(n):
+        for idx in range(start, n):
             if skip_next:
                 skip_next = False
                 continue
@@ -327,6 +480,7 @@ class _Decoder:
                 )
                 self._emit(OP_OOM, -1, size, e, idx)
             # "snapshot", "annotate" and unknown actions change no allocator state.
+        self._seed_lanes()
 
     def _segment(self, idx: int, e: Mapping[str, Any], act: str) -> None:
         self.seg_kinds.append(_SEG_CODES[act])

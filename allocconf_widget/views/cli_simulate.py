@@ -208,6 +208,8 @@ def _run(args: argparse.Namespace) -> int:
         recorded = dataclasses.replace(recorded, per_process_memory_fraction=fraction)
     if fraction is not None and device_total is None:
         raise _BadInputError("--fraction needs --device-total (the fraction is of the device's memory)")
+    if trace.initial_note:
+        _note(trace.initial_note)
     if trace.partial:
         _note(f"the trace is partial: {trace.unknown_frees:,} frees of memory allocated before it "
               "began (ring buffer full); predictions cover only the recorded window")
@@ -285,8 +287,12 @@ def _render(args: argparse.Namespace, trace: Any, version: tuple[int, int], *,
         + (format_bytes(device_total) if device_total is not None else "unlimited"),
         "self-check (replay under the recorded settings): "
         + (fid.summary() if fid is not None else "not run"),
-        "",
     ]
+    if trace.initial_state is not None:
+        state = trace.initial_state
+        lines.append(f"start: the replay starts from {state.provenance()} ({state.describe()}); "
+                     "other settings are replayed as if switched now, keeping these segments")
+    lines.append("")
     header = ["settings", "peak reserved", "peak allocated", "1 − alloc/res", "cudaMalloc/map",
               "retries", "OOM"]
     rows = [header]

@@ -75,9 +75,15 @@ def trace_source(session: Any, path: str | None = None, demo: bool = False) -> t
         return load_snapshot(path), path, {"torch_version": default_version().key}
     rec = session.extras.get(RECORDING_KEY)
     if rec is not None and rec.snapshot is not None and not demo:
+        # Memory in use when recording started, less what the allocator already held (the
+        # replay starts from those segments), is memory outside PyTorch's allocator.
+        from allocconf_widget.core.sim_state import INITIAL_SEGMENTS_KEY
+
+        held = sum(int(seg.get("total_size", 0)) for seg in rec.snapshot.get(INITIAL_SEGMENTS_KEY) or ()
+                   if isinstance(seg, dict) and seg.get("device", 0) == 0)
         return rec.snapshot, "the last %%allocconf record", {
             "torch_version": rec.torch_version, "device_total": rec.device_total,
-            "non_pytorch_bytes": (rec.device_total or 0) - (rec.free_at_start or 0)}
+            "non_pytorch_bytes": max((rec.device_total or 0) - (rec.free_at_start or 0) - held, 0)}
     from allocconf_widget.core.recording import load_demo
 
     demo_rec = load_demo()

@@ -186,3 +186,17 @@ def test_missing_file_exit_2(tmp_path: Path) -> None:
     result = _simulate_cli(tmp_path / "nope.pickle")
     assert result.returncode == 2
     assert "nope.pickle" in result.stderr
+
+
+def test_mid_run_recording_says_the_replay_starts_from_its_recorded_state() -> None:
+    # GIVEN a notebook recording (the model existed before recording began)
+    nb = REPO / "tests" / "data" / "transformer_nb__default.pickle.gz"
+    result = _simulate_cli(nb, "--torch-version", "2.11", "--conf", "max_split_size_mb:128")
+    assert result.returncode == 0, result.stderr
+    assert "start: the replay starts from the allocator state recorded when the trace began " \
+           "(41 segments, 1.5 GB reserved" in result.stdout
+    assert "starts from a recorded allocator state" in result.stdout
+    doc = json.loads(_simulate_cli(nb, "--torch-version", "2.11", "--json").stdout)[0]
+    assert doc["initial_state"] == {"source": "recorded", "reserved_bytes": 1_530_920_960,
+                                    "allocated_bytes": doc["initial_state"]["allocated_bytes"]}
+    assert doc["peak_reserved_bytes"] == 1_530_920_960  # the real window peak: no new segment
