@@ -223,17 +223,17 @@ class AllocatorState:
         for index, raw in enumerate(segments):
             if not isinstance(raw, Mapping):
                 raise ValueError(f"segment {index} is a {type(raw).__name__}, not a dict")
-            if device is not None and _int(raw.get("device", 0)) != device:
+            if device is not None and as_int(raw.get("device", 0)) != device:
                 continue
-            addr = _int(raw.get("address"))
-            total = _int(raw.get("total_size"))
+            addr = as_int(raw.get("address"))
+            total = as_int(raw.get("total_size"))
             blocks = []
             offset = addr
             for b in raw.get("blocks") or ():
                 if not isinstance(b, Mapping):
                     raise ValueError(f"segment {addr:#x}: a block is not a dict")
-                size = _int(b.get("size"))
-                baddr = _int(b.get("address", b.get("addr", offset)))
+                size = as_int(b.get("size"))
+                baddr = as_int(b.get("address", b.get("addr", offset)))
                 if baddr != offset or size <= 0:
                     raise ValueError(f"segment {addr:#x}: blocks do not tile the segment at {offset:#x}")
                 state = str(b.get("state", FREE))
@@ -250,7 +250,7 @@ class AllocatorState:
             out.append(StateSegment(
                 address=addr,
                 total_size=total,
-                stream=_int(raw.get("stream")),
+                stream=as_int(raw.get("stream")),
                 small=segment_type_of(raw) == "small",  # type: ignore[arg-type]
                 expandable=bool(raw.get("is_expandable", False)),
                 blocks=tuple(blocks),
@@ -440,15 +440,7 @@ class _Backward:
     # ---------------------------------------------------------- blocks
     def _free_and_merge(self, run: _Run, b: _Blk) -> None:
         b.state, b.req, b.soft = _FREE, 0, 0
-        p = run.neighbour(b, -1)
-        if p is not None and p.state == _FREE:
-            run.drop(b)
-            p.size += b.size
-            b = p
-        n = run.neighbour(b, 1)
-        if n is not None and n.state == _FREE:
-            run.drop(n)
-            b.size += n.size
+        self._merge_around(run, b)
 
     def _shrink(self, run: _Run, b: _Blk, bound: int) -> None:
         """A derived block must end by ``bound``: re-derive it, free what it gives back."""
@@ -477,7 +469,7 @@ class _Backward:
     def undo(self, e: Mapping[str, Any]) -> None:
         act = e.get("action")
         if act == "alloc":
-            addr = _int(e.get("addr"))
+            addr = as_int(e.get("addr"))
             run = self._run_at(addr, "allocation")
             b = run.blocks.get(addr)
             if b is None or b.state != _ALLOC:
@@ -485,25 +477,27 @@ class _Backward:
             self._front_of_free_block(run, b)
             self._free_and_merge(run, b)
         elif act == "free_completed":
-            self._undo_free(_int(e.get("addr")), _int(e.get("size")))
+            self._undo_free(as_int(e.get("addr")), as_int(e.get("size")))
         elif act == "free_requested":
-            addr = _int(e.get("addr"))
+            addr = as_int(e.get("addr"))
             run = self._run_at(addr, "free")
             b = run.blocks.get(addr)
             if b is None or b.state == _FREE:
                 raise ReconstructionError(f"free request at {addr:#x} for no live block")
             b.state = _ALLOC
         elif act == "segment_alloc":
-            self._undo_segment_alloc(_int(e.get("addr")), _int(e.get("size")))
+            self._undo_segment_alloc(as_int(e.get("addr")), as_int(e.get("size")))
         elif act == "segment_free":
-            addr, size = _int(e.get("addr")), _int(e.get("size"))
-            run = _Run(addr, addr + size, _int(e.get("stream")), _pool_id(e), size == SMALL_BUFFER, False)
+            addr, size = as_int(e.get("addr")), as_int(e.get("size"))
+            stream, pool = as_int(e.get("stream")), pool_id_of_entry(e)
+            run = _Run(addr, addr + size, stream, pool, size == SMALL_BUFFER, False)
             run.add(_Blk(addr, size, _FREE))
             self._add_run(run)
         elif act == "segment_map":
-            self._undo_map(_int(e.get("addr")), _int(e.get("size")))
+            self._undo_map(as_int(e.get("addr")), as_int(e.get("size")))
         elif act == "segment_unmap":
-            self._undo_unmap(_int(e.get("addr")), _int(e.get("size")), _int(e.get("stream")), _pool_id(e))
+            self._undo_unmap(as_int(e.get("addr")), as_int(e.get("size")),
+                             as_int(e.get("stream")), pool_id_of_entry(e))
         # oom, snapshot, annotate: no state change
 
     def _undo_free(self, addr: int, req: int) -> None:
@@ -687,7 +681,8 @@ def reconstruct_initial_state(
 
 
 # ---------------------------------------------------------------- helpers
-def _int(value: Any) -> int:
+def as_int(value: Any) -> int:
+    """An int from a snapshot field; 0 when missing or malformed (snapshots are read tolerantly)."""
     if isinstance(value, int):
         return value
     try:
@@ -696,10 +691,11 @@ def _int(value: Any) -> int:
         return 0
 
 
-def _pool_id(entry: Mapping[str, Any]) -> tuple[int, int]:
+def pool_id_of_entry(entry: Mapping[str, Any]) -> tuple[int, int]:
+    """The private-pool id a trace entry or segment carries ((0, 0) = default pool)."""
     raw = entry.get("pool_id", entry.get("segment_pool_id", entry.get("mempool_id")))
     if isinstance(raw, list | tuple) and len(raw) == 2:
-        return _int(raw[0]), _int(raw[1])
+        return as_int(raw[0]), as_int(raw[1])
     return (0, 0)
 
 

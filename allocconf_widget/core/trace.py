@@ -41,6 +41,8 @@ from allocconf_widget.core.sim_state import (
     RECORDED,
     AllocatorState,
     ReconstructionError,
+    as_int,
+    pool_id_of_entry,
     reconstruct_initial_state,
     start_state_evidence,
 )
@@ -290,7 +292,7 @@ def _recorded_start(entries: Sequence[Any], state: AllocatorState) -> int:
     active = state.active_bytes
     for idx, e in enumerate(entries[:256]):
         if isinstance(e, Mapping) and e.get("action") == "snapshot":
-            return idx if _int(e.get("size")) == active else 0
+            return idx if as_int(e.get("size")) == active else 0
     return 0
 
 
@@ -377,8 +379,8 @@ class _Decoder:
         self.live: dict[int, bool] = {}  # addr -> free already requested
 
     def _lane(self, entry: Mapping[str, Any]) -> int:
-        pool = _pool_id(entry)
-        stream = _int(entry.get("stream"))
+        pool = pool_id_of_entry(entry)
+        stream = as_int(entry.get("stream"))
         key = (pool, stream)
         lane = self.lane_ids.get(key)
         if lane is None:
@@ -395,7 +397,7 @@ class _Decoder:
         self.sizes.append(size)
         self.lanes.append(self._lane(entry))
         self.index.append(idx)
-        self.times.append(_int(entry.get("time_us")))
+        self.times.append(as_int(entry.get("time_us")))
 
     def _unknown(self, idx: int) -> None:
         self.unknown_frees += 1
@@ -441,16 +443,16 @@ class _Decoder:
             act = e.get("action")
             counts[str(act)] = counts.get(str(act), 0) + 1
             if act == "alloc":
-                addr = _int(e.get("addr"))
+                addr = as_int(e.get("addr"))
                 live[addr] = False
-                self._emit(OP_ALLOC, addr, _int(e.get("size")), e, idx)
+                self._emit(OP_ALLOC, addr, as_int(e.get("size")), e, idx)
             elif act == "free_requested":
-                addr = _int(e.get("addr"))
+                addr = as_int(e.get("addr"))
                 nxt = entries[idx + 1] if idx + 1 < n else None
                 fused = (
                     isinstance(nxt, Mapping)
                     and nxt.get("action") == "free_completed"
-                    and _int(nxt.get("addr")) == addr
+                    and as_int(nxt.get("addr")) == addr
                 )
                 if fused:
                     counts["free_completed"] = counts.get("free_completed", 0) + 1
@@ -464,7 +466,7 @@ class _Decoder:
                     live[addr] = True
                     self._emit(OP_FREE_REQUESTED, addr, 0, e, idx)
             elif act == "free_completed":
-                addr = _int(e.get("addr"))
+                addr = as_int(e.get("addr"))
                 requested = live.pop(addr, None)
                 if requested is None:
                     self._unknown(idx)
@@ -474,9 +476,9 @@ class _Decoder:
             elif act in _SEG_CODES:
                 self._segment(idx, e, str(act))
             elif act == "oom":
-                size = _int(e.get("size"))
+                size = as_int(e.get("size"))
                 self.ooms.append(
-                    RecordedOom(idx, size, _int(e.get("device_free")), _int(e.get("stream")))
+                    RecordedOom(idx, size, as_int(e.get("device_free")), as_int(e.get("stream")))
                 )
                 self._emit(OP_OOM, -1, size, e, idx)
             # "snapshot", "annotate" and unknown actions change no allocator state.
@@ -484,8 +486,8 @@ class _Decoder:
 
     def _segment(self, idx: int, e: Mapping[str, Any], act: str) -> None:
         self.seg_kinds.append(_SEG_CODES[act])
-        self.seg_sizes.append(_int(e.get("size")))
-        self.seg_addrs.append(_int(e.get("addr")))
+        self.seg_sizes.append(as_int(e.get("size")))
+        self.seg_addrs.append(as_int(e.get("addr")))
         self.seg_index.append(idx)
         if act not in _RELEASES:
             return
@@ -509,20 +511,6 @@ class _Decoder:
         return False
 
 
-def _int(value: Any) -> int:
-    if isinstance(value, int):
-        return value
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return 0
-
-
-def _pool_id(entry: Mapping[str, Any]) -> tuple[int, int]:
-    raw = entry.get("pool_id", entry.get("segment_pool_id", entry.get("mempool_id")))
-    if isinstance(raw, list | tuple) and len(raw) == 2:
-        return _int(raw[0]), _int(raw[1])
-    return (0, 0)
 
 
 def guess_torch_version(snapshot: Mapping[str, Any]) -> tuple[tuple[int, int], str]:
