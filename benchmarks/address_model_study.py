@@ -36,6 +36,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _table import print_table  # noqa: E402
 
 from allocconf_widget.core import sim_engine  # noqa: E402
 from allocconf_widget.core.sim_engine import VA_ALIGN, AddressSpace, Engine  # noqa: E402
@@ -322,16 +325,7 @@ def replays(runs: dict[str, Run], markdown: bool) -> None:
             line.append("exact" if exact else f"{matched}/{recorded} matched, {simulated} simulated")
         lines.append(line)
     print("3. Replays of each run's own trace without address hints\n")
-    if markdown:
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-        for line in lines:
-            print("| " + " | ".join(line) + " |")
-    else:
-        widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(head)]
-        print("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
-        for line in lines:
-            print("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)))
+    print_table(head, lines, markdown)
     n = len(rows)
     print(f"\npeak reserved exact: old {totals['old peak']}/{n}, new {totals['new peak']}/{n}")
     print(f"every segment event reproduced: old {totals['old segments']}/{n}, "

@@ -26,6 +26,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _table import print_table  # noqa: E402
 
 from allocconf_widget.core.simulator import SimSettings, extract_trace, simulate  # noqa: E402
 from allocconf_widget.core.snapshot import load_snapshot  # noqa: E402
@@ -113,16 +116,7 @@ def _print(rows: list[dict], markdown: bool) -> None:
         lines.append([r["workload"], r["conf"], f"{r['fraction']:.4f}" if r["fraction"] else "",
                       f"{r['real_peak'] / GB:.3f}", f"{r['pred_peak'] / GB:.3f}",
                       f"{r['err'] * 100:+.2f}%", oom, exact])
-    if markdown:
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-        for line in lines:
-            print("| " + " | ".join(line) + " |")
-    else:
-        widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(head)]
-        print("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
-        for line in lines:
-            print("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)))
+    print_table(head, lines, markdown)
     non_frac = [r for r in rows if not r["fraction"] and r["setting"] != "default"]
     within = sum(abs(r["err"]) <= 0.02 for r in non_frac)
     exact = sum(r["self_exact"] for r in rows)

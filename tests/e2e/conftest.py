@@ -139,3 +139,14 @@ def notebook_page(
         return open_notebook(browser_page, jupyter_server, path, ui=ui)
 
     return make
+
+
+@pytest.fixture
+def no_saved_settings(jupyter_server: JupyterServer) -> Iterator[None]:
+    """Apply saves settings for the next kernel (one XDG dir per server): start and end without."""
+    from pathlib import Path
+
+    saved = Path(jupyter_server.env["XDG_CONFIG_HOME"]) / "allocconf_widget" / "settings.json"
+    saved.unlink(missing_ok=True)
+    yield
+    saved.unlink(missing_ok=True)

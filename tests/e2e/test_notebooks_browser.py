@@ -30,11 +30,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
-def _no_saved_settings(jupyter_server):
-    saved = Path(jupyter_server.env["XDG_CONFIG_HOME"]) / "allocconf_widget" / "settings.json"
-    saved.unlink(missing_ok=True)
-    yield
-    saved.unlink(missing_ok=True)
+def _clean_saved_settings(no_saved_settings):
+    """Each test starts without settings saved by an earlier test's Apply."""
 
 
 def test_quickstart_runs_and_its_panel_applies(jupyter_server, browser_page):

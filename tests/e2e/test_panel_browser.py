@@ -34,12 +34,8 @@ VAR = "PYTORCH_ALLOC_CONF"  # what torch 2.13 reads when nothing else is set
 
 
 @pytest.fixture(autouse=True)
-def _no_saved_settings(jupyter_server):
-    """Apply saves settings for the next kernel; each test starts without any."""
-    saved = Path(jupyter_server.env["XDG_CONFIG_HOME"]) / "allocconf_widget" / "settings.json"
-    saved.unlink(missing_ok=True)
-    yield
-    saved.unlink(missing_ok=True)
+def _clean_saved_settings(no_saved_settings):
+    """Each test starts without settings saved by an earlier test's Apply."""
 
 
 def _open_panel(notebook_page, ui: str):
