@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from allocconf_widget.adapters import nvml, torch_private
-from allocconf_widget.core.metrics import Metrics
+from allocconf_widget.core.metrics import Metrics, cached_share
 
 OK = "ok"
 WAITING = "waiting_for_cuda"
@@ -86,9 +86,7 @@ class Sample:
     @property
     def cached_share(self) -> float | None:
         """``(reserved − allocated) / reserved``: memory PyTorch holds but no tensor uses."""
-        if not self.reserved or self.allocated is None:
-            return None
-        return max(0.0, (self.reserved - self.allocated) / self.reserved)
+        return cached_share(self.reserved, self.allocated)
 
     @property
     def message(self) -> str:

@@ -115,6 +115,17 @@ class DeviceMetrics:
         }
 
 
+def cached_share(reserved: int | None, allocated: int | None) -> float | None:
+    """``(reserved − allocated) / reserved``: memory PyTorch holds but no tensor uses.
+
+    ``None`` when either figure is missing or nothing is reserved; never negative
+    (live samples read the two counters a moment apart).
+    """
+    if not reserved or allocated is None:
+        return None
+    return max(0.0, (reserved - allocated) / reserved)
+
+
 # ----------------------------------------------------------------- tallies
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from allocconf_widget._errors import SnapshotError
+from allocconf_widget.core.metrics import cached_share
 from allocconf_widget.core.snapshot import Snapshot, load_snapshot
 from allocconf_widget.core.timeline import Timeline
 
@@ -58,9 +59,7 @@ class RecordedSample:
     @property
     def cached_share(self) -> float | None:
         """Share of reserved memory not allocated: ``(reserved − allocated) / reserved``."""
-        if not self.reserved or self.allocated is None:
-            return None
-        return (self.reserved - self.allocated) / self.reserved
+        return cached_share(self.reserved, self.allocated)
 
     def values(self) -> dict[str, float | None]:
         """The series values as the monitor's :class:`~allocconf_widget.core.timeline.Timeline` names them."""

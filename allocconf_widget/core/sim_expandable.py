@@ -63,11 +63,16 @@ def take_free_expandable(eng: Engine, fl: FreeList, j: int, r: int) -> Block | N
             b = nb
             if b.seg is None:
                 break
+    return _claim(eng, fl, j, b, r)
+
+
+def _claim(eng: Engine, fl: FreeList, j: int, b: Block, r: int) -> Block | None:
+    """Take the chosen free block ``b`` (at ``fl.keys[j]``) unless the oversize rules refuse it."""
     rules = eng.rules
     if b.size >= rules.max_split and (r < rules.max_split or b.size >= r + rules.oversize_slack):
         return None
-    del keys[j]
-    del blocks[b.key]
+    del fl.keys[j]
+    del fl.blocks[b.key]
     return b
 
 
@@ -81,12 +86,7 @@ def take_free_skipping_expandable(eng: Engine, fl: FreeList, j: int, r: int) -> 
     if j == n:
         return None
     b = blocks[keys[j]]
-    rules = eng.rules
-    if b.size >= rules.max_split and (r < rules.max_split or b.size >= r + rules.oversize_slack):
-        return None
-    del keys[j]
-    del blocks[b.key]
-    return b
+    return _claim(eng, fl, j, b, r)
 
 
 def _unmapped_insert(fl: FreeList, b: Block) -> None:
