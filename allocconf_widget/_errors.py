@@ -6,6 +6,23 @@ all raise the same types without importing each other.
 
 from __future__ import annotations
 
+_MAX_MESSAGE = 2000
+
+
+def printable(text: str, limit: int = _MAX_MESSAGE) -> str:
+    """``text`` safe to show: control characters escaped, and cut to ``limit`` characters.
+
+    Every message that quotes user or file input goes through this, so a NUL or an
+    escape sequence never reaches a terminal raw, and a huge value never builds a huge line.
+    """
+    if len(text) > limit:
+        text = f"{text[:limit]}… ({len(text) - limit} more characters)"
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == "\n" else f"\\x{ord(c):02x}" if ord(c) < 256
+                   else f"\\u{ord(c):04x}" for c in text)
+
+
 
 class AllocConfError(ValueError):
     """A configuration string (or a value for one option) that torch would reject or misread.
@@ -27,7 +44,8 @@ class AllocConfError(ValueError):
         self.option = option
         self.position = position
         self.fix = fix
-        self.reason = message
+        self.reason = message = printable(message)
+        fix = printable(fix) if fix else fix
         text = message
         if position is not None:
             text = f"{text} (at character {position})"

@@ -39,9 +39,28 @@ class SavedSettings:
     path: Path
 
 
+MAX_FILE_BYTES = 64 * 1024  # a real settings file is ~200 bytes; anything near this is not ours
+MAX_JSON_DEPTH = 8
+
+
+class NoConfigDir(OSError):
+    """Neither ``$XDG_CONFIG_HOME`` nor a home directory is known (random container uids)."""
+
+
 def config_dir() -> Path:
-    """``$XDG_CONFIG_HOME/allocconf_widget`` (``~/.config/allocconf_widget`` by default)."""
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    """``$XDG_CONFIG_HOME/allocconf_widget`` (``~/.config/allocconf_widget`` by default).
+
+    Raises:
+        NoConfigDir: HOME is unset and the uid has no passwd entry, so there is no default.
+    """
+    base = os.environ.get("XDG_CONFIG_HOME")
+    if not base:
+        try:
+            base = str(Path.home() / ".config")
+        except (RuntimeError, KeyError, OSError) as exc:
+            raise NoConfigDir(
+                f"no home directory is known for this user ({exc}); set XDG_CONFIG_HOME to a "
+                "writable folder to keep settings across restarts") from None
     return Path(base) / "allocconf_widget"
 
 
@@ -81,17 +100,33 @@ def load(torch_version: VersionLike = None) -> SavedSettings | None:
     Returns None when there is no file; warns (AllocConfWarning) and returns None
     when the file cannot be used, saying why and how to fix it.
     """
-    path = settings_path()
     try:
-        raw = path.read_text(encoding="utf-8")
+        path = settings_path()
+    except NoConfigDir:
+        return None  # nothing can have been saved without a folder; saving says why
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        return _ignore(path, f"it cannot be read ({exc})")
+        return _ignore(path, f"it cannot be read ({exc.strerror or type(exc).__name__})")
+    if len(data) > MAX_FILE_BYTES:
+        return _ignore(path, f"it is larger than {MAX_FILE_BYTES // 1024} KiB, which no saved "
+                       "settings file is")
+    try:
+        raw = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return _ignore(path, f"it is not UTF-8 text (byte {exc.start} cannot be decoded)")
+    if _nesting_depth(raw) > MAX_JSON_DEPTH:
+        return _ignore(path, f"it is nested deeper than {MAX_JSON_DEPTH} levels, which no saved "
+                       "settings file is")
     try:
         payload = json.loads(raw)
     except json.JSONDecodeError as exc:
         return _ignore(path, f"it is not valid JSON ({exc.msg} at line {exc.lineno})")
+    except (ValueError, RecursionError) as exc:  # e.g. an integer of more than 4300 digits
+        return _ignore(path, f"it is not usable JSON ({str(exc)[:120]})")
     if not isinstance(payload, dict) or not isinstance(payload.get("conf"), str):
         return _ignore(path, "it has no \"conf\" string")
     if payload.get("format") != FORMAT:
@@ -102,6 +137,18 @@ def load(torch_version: VersionLike = None) -> SavedSettings | None:
         return _ignore(path, f"its settings are not valid for this torch: {exc}")
     return SavedSettings(conf, str(payload.get("torch_version", "")), str(payload.get("saved_at", "")),
                          path)
+
+
+def _nesting_depth(text: str) -> int:
+    """The deepest bracket nesting in ``text`` (strings included: an over-estimate is safe here)."""
+    depth = deepest = 0
+    for char in text:
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
 
 
 def forget() -> bool:
@@ -116,7 +163,7 @@ def forget() -> bool:
 def _ignore(path: Path, reason: str) -> SavedSettings | None:
     """Warn that the file is unusable and why; returns None so callers can ``return _ignore(...)``."""
     warnings.warn(
-        f"allocconf_widget: ignoring saved settings in {path}: {reason}. Fix the file, or run "
+        f"ignoring saved settings in {path}: {reason}. Fix the file, or run "
         "%allocconf forget (or delete it) to start from torch's defaults.",
         AllocConfWarning,
         stacklevel=3,

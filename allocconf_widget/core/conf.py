@@ -17,7 +17,7 @@ from typing import Any
 
 from allocconf_widget._errors import AllocConfError, AllocConfWarning
 from allocconf_widget.core import options as opt
-from allocconf_widget.core.tokens import Token, tokenize
+from allocconf_widget.core.tokens import C_WHITESPACE_TEXT, Token, tokenize
 from allocconf_widget.core.traps import ConfWarning, find_traps
 from allocconf_widget.core.values import (
     ROUNDUP_MAX_BAND,
@@ -120,10 +120,23 @@ class AllocConf:
         return _reparse(merged, self.torch_version)
 
     def with_value(self, name: str, value: Any) -> AllocConf:
-        """A copy with one option set (``value`` may be text or a typed value); validated."""
+        """A copy with one option set (``value`` may be text or a typed value); validated.
+
+        A text value is checked on its own first: a ``,`` or ``:`` outside brackets
+        would otherwise splice further options into the rebuilt string.
+        """
+        canonical = check_option_name(name, self.torch_version)
+        if isinstance(value, str):
+            _check_single_value(canonical, value, self.torch_version)
         merged = dict(self.entries)
-        merged[opt.canonical_name(name)] = value
-        return _reparse(merged, self.torch_version)
+        merged[canonical] = value
+        try:
+            return _reparse(merged, self.torch_version)
+        except AllocConfError as exc:
+            if exc.option != canonical or exc.position is None:
+                raise
+            # the position is in the rebuilt string, which the user never saw: drop it
+            raise AllocConfError(exc.reason, option=exc.option, fix=exc.fix) from None
 
     def without(self, *names: str) -> AllocConf:
         """A copy with the given options unset (back to torch's defaults)."""
@@ -141,6 +154,45 @@ class AllocConf:
         names = sorted(set(mine) | set(theirs), key=opt.canonical_index)
         return tuple(Change(n, mine.get(n), theirs.get(n)) for n in names
                      if mine.get(n) != theirs.get(n))
+
+
+def check_option_name(name: str, torch_version: VersionLike = None) -> str:
+    """The canonical name of option ``name`` in that torch; raises with "did you mean" otherwise."""
+    version = resolve_version(torch_version)
+    name = name.strip(C_WHITESPACE_TEXT)
+    if not name:
+        raise AllocConfError("an option name is missing (nothing before the '=' or ':')",
+                             fix="write name=value, e.g. expandable_segments=True")
+    tokenize(name, version)  # names invisible characters instead of "unknown option"
+    return _lookup(Token(name, 0), version).name
+
+
+def conf_from_values(values: Mapping[str, str], torch_version: VersionLike = None) -> AllocConf:
+    """One configuration from per-option texts (a form's fields), each value checked on its own."""
+    version = resolve_version(torch_version)
+    for name, value in values.items():
+        _check_single_value(name, value, version)
+    return parse_conf(",".join(f"{k}:{v}" for k, v in values.items()), torch_version, warn=False)
+
+
+def _check_single_value(name: str, value: str, version: TorchVersion) -> None:
+    try:
+        tokenize(value, version)  # invisible characters and glued words, placed in the value
+    except AllocConfError as exc:
+        raise AllocConfError(f"in the value of {name}: {exc.reason}" + (
+            f" (at character {exc.position} of the value)" if exc.position is not None else ""),
+            option=name, fix=exc.fix) from None
+    depth = 0
+    for index, char in enumerate(value):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth == 0 and char in ",:":
+            raise AllocConfError(
+                f"the value given for {name} contains {char!r}, which would start another option",
+                option=name, position=index,
+                fix=f"give one value per option, e.g. {name}=<value> other_option=<value>")
+    if not value.strip():
+        raise AllocConfError(f"no value given for {name}", option=name,
+                             fix=f"write {name}=<value>, or {name}=default to unset it")
 
 
 def format_value(value: Value) -> str:

@@ -14,6 +14,10 @@ from allocconf_widget._errors import AllocConfError
 from allocconf_widget.core.versions import TorchVersion
 
 SEPARATORS = ",:[]"
+# What C's std::isspace calls whitespace in torch's "C" locale. Python's str.isspace() says yes
+# to 23 more characters (no-break space, U+2028 ...) that torch keeps inside a key or value.
+C_WHITESPACE_TEXT = " \t\n\v\f\r"
+C_WHITESPACE = frozenset(C_WHITESPACE_TEXT)
 
 
 @dataclass(frozen=True)
@@ -40,10 +44,12 @@ def tokenize(text: str, version: TorchVersion) -> list[Token]:
                 word_start = None
             tokens.append(Token(ch, i))
             gap_at = None
-        elif ch.isspace():
+        elif ch in C_WHITESPACE:
             _check_whitespace(i, ch, version)
             if word_start is not None and gap_at is None:
                 gap_at = i
+        elif _is_invisible(ch):
+            _invisible_error(i, ch)
         elif word_start is None:
             word_start = i
         elif gap_at is not None:
@@ -63,6 +69,31 @@ def _check_whitespace(i: int, ch: str, version: TorchVersion) -> None:
         )
 
 
+def _is_invisible(ch: str) -> bool:
+    """Whitespace torch does not remove, control and format characters: all look like nothing."""
+    return ch.isspace() or not ch.isprintable()
+
+
+def describe_char(ch: str) -> str:
+    """``U+00A0 no-break space``: a name a user can search for, never the raw character."""
+    import unicodedata
+
+    name = unicodedata.name(ch, "")
+    label = name.lower() if name else ("control character" if unicodedata.category(ch) == "Cc"
+                                        else "unnamed character")
+    return f"U+{ord(ch):04X} {label}"
+
+
+def _invisible_error(i: int, ch: str) -> None:
+    raise AllocConfError(
+        f"the string contains an invisible character, {describe_char(ch)}: "
+        "torch keeps it as part of the key or value (it is not whitespace to torch), so the "
+        "setting would fail or be ignored",
+        position=i,
+        fix="delete it or replace it with a plain space (it often comes from copying a web page)",
+    )
+
+
 def _name(ch: str) -> str:
     return {"\t": "tab", "\n": "line break", "\r": "carriage return"}.get(ch, f"whitespace {ch!r}")
 
@@ -70,7 +101,7 @@ def _name(ch: str) -> str:
 def _glued_error(text: str, start: int, gap: int, resume: int) -> None:
     left = text[start:gap].strip()
     end = resume
-    while end < len(text) and text[end] not in SEPARATORS and not text[end].isspace():
+    while end < len(text) and text[end] not in SEPARATORS and text[end] not in C_WHITESPACE:
         end += 1
     right = text[resume:end]
     raise AllocConfError(

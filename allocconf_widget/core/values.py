@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from dataclasses import dataclass
 
 from allocconf_widget._errors import AllocConfError
@@ -70,6 +71,9 @@ class RoundupDivisions:
         return tuple(slots)
 
 
+_MAX_DIGITS = 40  # more significant digits than any integer torch reads
+
+
 def _is_power_of_two(value: int) -> bool:
     return value > 0 and value & (value - 1) == 0
 
@@ -82,7 +86,8 @@ def _int_limit(version: TorchVersion) -> int:
 def parse_unsigned(spec_name: str, text: str, version: TorchVersion) -> int:
     """Parse a plain non-negative decimal integer, refusing what torch would misread."""
     if _DIGITS.fullmatch(text):
-        value = int(text)
+        # beyond ~20 digits nothing fits torch's integers; int() of 4300+ digits even raises
+        value = int(text) if len(text.lstrip("0")) <= _MAX_DIGITS else _int_limit(version) + 1
         if value > _int_limit(version):
             raise AllocConfError(
                 f"{spec_name}={text} is too large: torch {version} cannot read numbers above "
@@ -106,7 +111,8 @@ def parse_unsigned(spec_name: str, text: str, version: TorchVersion) -> int:
             "an exponent" if re.fullmatch(r"[0-9.]+[eE][-+]?[0-9]+", text) else
             "a decimal point" if "." in text else f"trailing characters ({text[match.end():]!r})"
         )
-        read_as = int(match.group(1))
+        digits = match.group(1)
+        read_as = int(digits) if len(digits.lstrip("0")) <= _MAX_DIGITS else _int_limit(version)
         raise AllocConfError(
             f"{spec_name}={text} is not a whole number: it has {kind}, and torch would silently "
             f"read it as {read_as}",
@@ -123,15 +129,19 @@ def parse_unsigned(spec_name: str, text: str, version: TorchVersion) -> int:
 def _suggest_int(text: str, read_as: int) -> int:
     try:
         value = float(text.lstrip("+"))
-    except ValueError:
+        if math.isfinite(value) and value >= 1:
+            return int(value)
+    except (ValueError, OverflowError):
         return read_as
-    return int(value) if math.isfinite(value) and value >= 1 else read_as
+    return read_as
 
 
 def parse_float(spec_name: str, text: str) -> float:
     """Parse a decimal number as ``std::stod`` would, refusing trailing junk it ignores."""
     if _FLOAT.fullmatch(text):
-        return float(text)
+        value = float(text)
+        _check_float_range(spec_name, text, value)
+        return value
     if text.lower() in ("nan", "inf", "infinity"):
         raise AllocConfError(f"{spec_name}={text} is not a finite number", option=spec_name,
                              fix=f"write a decimal number, e.g. {spec_name}:0.6")
@@ -145,6 +155,22 @@ def parse_float(spec_name: str, text: str) -> float:
         )
     raise AllocConfError(f"{spec_name}={text!r} is not a number", option=spec_name,
                          fix=f"write a decimal number, e.g. {spec_name}:0.6")
+
+
+def _check_float_range(spec_name: str, text: str, value: float) -> None:
+    """``std::stod`` throws out_of_range where strtod reports ERANGE: overflow and underflow."""
+    mantissa = re.split("[eE]", text, maxsplit=1)[0]
+    underflow = value == 0.0 and any(c in "123456789" for c in mantissa)
+    if math.isinf(value):
+        problem = "is too large for a double: torch fails with an out-of-range error (stod)"
+    elif underflow or (value != 0.0 and abs(value) < sys.float_info.min):
+        problem = ("is too small for a normal double (subnormal): torch fails with an "
+                   "out-of-range error (stod)")
+    else:
+        return
+    shown = text if len(text) <= 40 else f"{text[:20]}…({len(text)} characters)"
+    raise AllocConfError(f"{spec_name}={shown} {problem}", option=spec_name,
+                         fix=f"write an ordinary decimal number, e.g. {spec_name}:0.6")
 
 
 def parse_bool(spec_name: str, text: str) -> bool:

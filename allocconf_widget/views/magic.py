@@ -77,7 +77,7 @@ def _magics_class() -> Any:
         @line_cell_magic
         def allocconf(self, line: str = "", cell: str | None = None) -> Any:
             """Placeholder docstring, replaced by the parser's help below."""
-            from allocconf_widget.views.session import get_session
+            from allocconf_widget.app.session import get_session
 
             parser = build_parser()
             try:
@@ -104,8 +104,10 @@ def _magics_class() -> Any:
 
 def load_extension(ipython: Any) -> None:
     """``%load_ext allocconf_widget``: register the magic, re-apply saved settings, hook OOMs."""
+    from allocconf_widget.app.session import get_session
+
     ipython.register_magics(_magics_class())
-    magic_core.restore_saved_settings(print_to=sys.stdout)
+    magic_core.restore_saved_settings(print_to=sys.stdout, session=get_session(ipython))
     try:
         from allocconf_widget.views.oom_view import install_oom_assistant
     except ImportError:
@@ -115,7 +117,7 @@ def load_extension(ipython: Any) -> None:
 
 def unload_extension(ipython: Any) -> None:
     """``%unload_ext allocconf_widget``: remove the magic and our hooks."""
-    from allocconf_widget.views.session import drop_session
+    from allocconf_widget.app.session import drop_session
 
     for kind in ("line", "cell"):
         ipython.magics_manager.magics[kind].pop("allocconf", None)

@@ -13,9 +13,11 @@ import sys
 import warnings
 from typing import IO, Any
 
-from allocconf_widget._errors import AllocConfError, AllocConfWarning
+from allocconf_widget._errors import AllocConfError, AllocConfWarning, printable
 from allocconf_widget.adapters import persist
 from allocconf_widget.adapters.runtime_state import Phase
+from allocconf_widget.core.conf import parse_conf
+from allocconf_widget.core.tokens import C_WHITESPACE_TEXT
 from allocconf_widget.core.envvars import snippets, variable_to_write
 
 
@@ -90,8 +92,15 @@ def run_show(_args: argparse.Namespace, ctx: Any) -> dict[str, Any]:
 
 
 def _parse_settings(items: list[str]) -> tuple[dict[str, str | None], str | None]:
-    """``k=v`` / ``k:v`` pairs → options; a single string with ',' is a whole configuration."""
-    if len(items) == 1 and ("," in items[0] or "[" in items[0]):
+    """``k=v`` / ``k:v`` pairs → options; one ``a:1,b:2`` string (no ``=``) is a whole configuration.
+
+    A ``k=v`` value is never pasted into a string: :meth:`Session.update` validates each value
+    on its own, so ``k=0.6,backend:x`` is an error, not two options.
+    """
+    if not items or not any(item.strip() for item in items):
+        raise AllocConfError("nothing to set", fix="write %allocconf set name=value, e.g. "
+                             "%allocconf set expandable_segments=True")
+    if len(items) == 1 and "=" not in items[0] and ("," in items[0] or "[" in items[0]):
         return {}, items[0]
     options: dict[str, str | None] = {}
     for item in items:
@@ -100,7 +109,9 @@ def _parse_settings(items: list[str]) -> tuple[dict[str, str | None], str | None
             raise AllocConfError(f"{item!r} is not key=value", option=item,
                                  fix=f"write {item}=<value>, or {item}=default to unset it")
         name, _, value = item.partition(sep)
-        options[name.strip()] = None if value.strip() in ("default", "unset", "") else value.strip()
+        # strip only what torch calls whitespace: a pasted no-break space must reach the parser
+        name, value = name.strip(C_WHITESPACE_TEXT), value.strip(C_WHITESPACE_TEXT)
+        options[name] = None if value in ("default", "unset") else value
     return options, None
 
 
@@ -108,9 +119,10 @@ def run_set(args: argparse.Namespace, ctx: Any) -> Any:
     session = ctx.session
     options, whole = _parse_settings(args.settings)
     if whole is not None:
-        staged = session.stage(whole if args.replace else session.staged().merge(whole))
+        conf = parse_conf(whole, session.state().version, warn=False)
+        staged = session.stage(conf if args.replace else session.staged().merge(conf))
     elif args.replace:
-        staged = session.stage(",".join(f"{k}:{v}" for k, v in options.items() if v is not None))
+        staged = session.update(options, base=parse_conf("", session.state().version, warn=False))
     else:
         staged = session.update(options)
     _report_staged(session, staged)
@@ -150,9 +162,8 @@ def run_apply(args: argparse.Namespace, ctx: Any) -> Any:
     result = ctx.session.apply(save=not args.no_save)
     _print_warnings(result.requested)
     print(result.summary())
-    if not args.no_save:
-        print(f"Saved to {persist.settings_path()} (re-applied by %load_ext allocconf_widget "
-              "in a new kernel; %allocconf forget removes it).")
+    if ctx.session.last_save is not None:
+        print(ctx.session.last_save.message())
     check = read_back(result.requested, applied_by_setter=result.setter_called is not None)
     if check is not None:
         print(check.summary())
@@ -162,7 +173,7 @@ def run_apply(args: argparse.Namespace, ctx: Any) -> Any:
 
 
 def run_reset(args: argparse.Namespace, ctx: Any) -> Any:
-    staged = ctx.session.stage("")
+    staged = ctx.session.stage(parse_conf("", ctx.session.state().version, warn=False))
     print("Staged torch's defaults (every option unset).")
     if args.apply:
         return run_apply(argparse.Namespace(no_save=False), ctx)
@@ -175,8 +186,13 @@ def run_discard(_args: argparse.Namespace, ctx: Any) -> None:
 
 
 def run_forget(_args: argparse.Namespace, _ctx: Any) -> bool:
-    removed = persist.forget()
-    print(f"Removed {persist.settings_path()}." if removed else "Nothing was saved.")
+    try:
+        path = persist.settings_path()
+        removed = persist.forget()
+    except OSError as exc:
+        raise AllocConfError(f"the saved settings cannot be removed: {exc}",
+                             fix="remove the file by hand, or set XDG_CONFIG_HOME elsewhere") from None
+    print(f"Removed {path}." if removed else "Nothing was saved.")
     return removed
 
 
@@ -194,9 +210,19 @@ def run_snippet(_args: argparse.Namespace, ctx: Any) -> dict[str, str]:
 def run_restart(_args: argparse.Namespace, ctx: Any) -> Any:
     from allocconf_widget.adapters.frontend import restart
 
-    conf = ctx.session.staged()
-    persist.save(conf)
-    print(f"Saved {conf.to_string() or '(torch defaults)'} to {persist.settings_path()}; "
+    from allocconf_widget.app.session import save_settings
+
+    session = ctx.session
+    conf = session.settings_for_restart()
+    saved = save_settings(conf)
+    if not saved.saved:
+        raise AllocConfError(f"not restarting: the settings could not be saved, so the new "
+                             f"kernel would lose them ({saved.error})",
+                             fix="set XDG_CONFIG_HOME to a writable folder, then restart again")
+    if session.view().has_changes:
+        print("Staged edits that were never applied are not carried over "
+              "(%allocconf apply first to keep them).")
+    print(f"Saved {conf.to_string() or '(torch defaults)'} to {saved.path}; "
           "run %load_ext allocconf_widget first in the new kernel to re-apply it.")
     outcome = restart()
     print(outcome.message)
@@ -204,8 +230,20 @@ def run_restart(_args: argparse.Namespace, ctx: Any) -> Any:
 
 
 # ---------------------------------------------------------------- extension load
-def restore_saved_settings(print_to: IO[str] = sys.stdout) -> Any:
-    """Re-apply saved settings in a fresh kernel, before torch touches CUDA; one line of output."""
+def restore_saved_settings(print_to: IO[str] = sys.stdout, session: Any = None) -> Any:
+    """Re-apply saved settings in a fresh kernel, before torch touches CUDA; one line of output.
+
+    Never raises: a broken file or environment must not stop the extension (or kernel) loading.
+    """
+    try:
+        return _restore(print_to, session)
+    except Exception as exc:  # noqa: BLE001 - the promise is "one line, the kernel starts"
+        print(f"allocconf_widget: saved settings not re-applied ({type(exc).__name__}: "
+              f"{printable(str(exc), 300)})", file=print_to)
+        return None
+
+
+def _restore(print_to: IO[str], session: Any) -> Any:
     from allocconf_widget.adapters.apply import apply
     from allocconf_widget.adapters.runtime_state import detect_state
 
@@ -219,6 +257,8 @@ def restore_saved_settings(print_to: IO[str] = sys.stdout) -> Any:
     state = detect_state()
     try:
         result = apply(saved.conf, state=state)
+        if session is not None:
+            session.adopt(saved.conf, result)
     except (AllocConfError, RuntimeError) as exc:
         print(f"allocconf_widget: could not re-apply saved settings from {saved.path}: {exc}",
               file=print_to)

@@ -22,7 +22,7 @@ from typing import Any
 from allocconf_widget._errors import AllocConfError
 from allocconf_widget.views.controls import OptionRow
 from allocconf_widget.views.panel_model import PanelModel
-from allocconf_widget.views.session import Session
+from allocconf_widget.app.session import Session
 
 _TAB_TITLES = ("Settings", "Monitor", "What if?")
 
@@ -106,15 +106,20 @@ class Panel:
                                      f"{html.escape(str(exc).splitlines()[0])}</span>")
                 return
             lines = [html.escape(line) for line in result.summary().splitlines()]
+            saved = self.model.session.last_save
+            if saved is not None and not saved.saved:
+                lines.append(f"<span style='color:#b00020'>⚠ {html.escape(saved.message())}</span>")
             self.result.value = "<b>Applied.</b><br>" + "<br>".join(lines)
-            self.banner.value = self.model.banner_html()
-            self._refresh_status()
+            self._session_changed()
 
     def _restart_clicked(self, _button: Any) -> None:
-        from allocconf_widget.adapters import persist
         from allocconf_widget.adapters.frontend import restart
+        from allocconf_widget.app.session import save_settings
 
-        persist.save(self.model.session.staged())
+        saved = save_settings(self.model.session.settings_for_restart())
+        if not saved.saved:  # a restart now would lose the settings: say so, restart nothing
+            self.result.value = f"<span style='color:#b00020'>✖ {html.escape(saved.message())}</span>"
+            return
         outcome = restart()
         self.result.value = html.escape(outcome.message)
 

@@ -18,10 +18,10 @@ from allocconf_widget._errors import AllocConfError
 from allocconf_widget.adapters.apply import ApplyResult
 from allocconf_widget.adapters.runtime_state import RuntimeState
 from allocconf_widget.core import options as opt
-from allocconf_widget.core.conf import format_value, parse_conf
+from allocconf_widget.core.conf import conf_from_values, format_value, parse_conf
 from allocconf_widget.core.envvars import snippets, variable_to_write
 from allocconf_widget.core.plan import Action, OptionPlan
-from allocconf_widget.views.session import Session
+from allocconf_widget.app.session import ConfigView, Session
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class DraftStatus:
     error: str | None
     warnings: tuple[str, ...]
     plans: tuple[OptionPlan, ...]
+    has_changes: bool = False
 
     @property
     def restart_needed(self) -> bool:
@@ -46,21 +47,27 @@ class DraftStatus:
 class PanelModel:
     """Draft values for every option of the installed torch, validated on each edit."""
 
-    def __init__(self, session: Session, state: RuntimeState | None = None) -> None:
+    def __init__(self, session: Session) -> None:
         self.session = session
         self.lock = threading.RLock()
-        self.state = state or session.state()
-        self.version = self.state.version
+        self.view: ConfigView = session.view()
+        self.version = self.view.state.version
         self.specs: tuple[opt.OptionSpec, ...] = tuple(opt.options_for(self.version))
         self.draft: dict[str, str | None] = {}
         self._error: AllocConfError | None = None
         self.reload()
 
     # -- reading ----------------------------------------------------------------
+    @property
+    def state(self) -> RuntimeState:
+        """The runtime state as of the last :meth:`reload`."""
+        return self.view.state
+
     def reload(self) -> None:
-        """Reset the draft to the session's staged configuration."""
+        """Reset the draft to the session's staged configuration, read fresh from the session."""
         with self.lock:
-            staged = self.session.staged(self.state)
+            self.view = self.session.view()
+            staged = self.view.staged
             self.draft = {s.name: None for s in self.specs}
             self.draft.update({k: format_value(v) for k, v in staged.items()})
             self._error = None
@@ -79,18 +86,18 @@ class PanelModel:
         if error is not None:
             return DraftStatus(text, variable, str(error), (), ())
         conf = parse_conf(text, self.version, warn=False)
-        plans = self.session.preview()
+        view = self.session.view()
         return DraftStatus(conf.to_string(), variable, None,
-                           tuple(str(w) for w in conf.warnings), plans)
+                           tuple(str(w) for w in conf.warnings), view.plans, view.has_changes)
 
     # -- editing ----------------------------------------------------------------
     def set_option(self, name: str, value: str | None) -> str | None:
         """Set (text) or unset (None) one option; returns the error message, or None if valid."""
         with self.lock:
             self.draft[name] = value
-            text = self.draft_text()
             try:
-                conf = parse_conf(text, self.version, warn=False)
+                conf = conf_from_values({k: v for k, v in self.draft.items() if v is not None},
+                                        self.version)
             except AllocConfError as exc:
                 self._error = exc
                 return str(exc)
@@ -103,9 +110,7 @@ class PanelModel:
         with self.lock:
             if self._error is not None:
                 raise self._error
-        result = self.session.apply()
-        self.state = self.session.state()
-        return result
+        return self.session.apply()
 
     def snippets(self) -> dict[str, str]:
         """Copyable lines for the draft, with the variable right for the installed torch."""
@@ -128,6 +133,6 @@ class PanelModel:
         parts += [f"<span style='color:#8a6d00'>⚠ {html.escape(w)}</span>" for w in status.warnings]
         for plan in status.plans:
             parts.append(f"• {html.escape(str(plan))}")
-        if not status.error and not status.plans:
+        if not status.error and not status.has_changes:
             parts.append("No changes to apply.")
         return "<br>".join(parts)

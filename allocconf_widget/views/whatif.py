@@ -182,7 +182,7 @@ class WhatIfView:
     def apply(self, conf: str) -> Any:
         """Stage ``conf`` and apply it through the lifecycle logic; show what happened."""
         try:
-            self.session.stage(conf, eager=False)
+            self.session.stage_text(conf, eager=False)
             result = self.session.apply()
         except Exception as exc:  # an invalid candidate for this torch, or torch refusing it
             self.result.value = f"<span style='color:#b00020'>✖ {html.escape(str(exc))}</span>"

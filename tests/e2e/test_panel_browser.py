@@ -89,7 +89,7 @@ def test_bad_value_shows_the_message_and_changes_nothing(notebook_page):
     assert nb.getenv(VAR) is None
     # the staged configuration still holds the last valid value (the slider's 512), never 8
     assert nb.value("get_session(get_ipython()).staged().get('max_split_size_mb')",
-                    setup="from allocconf_widget.views.session import get_session") == 512
+                    setup="from allocconf_widget.app.session import get_session") == 512
 
 
 def test_same_flow_in_notebook_7(notebook_page):

@@ -72,8 +72,8 @@ def test_phases_advance_and_looking_freezes_nothing():
 
 def test_set_before_import_applies_at_first_cuda_use():
     out = fresh("before import", """
-        from allocconf_widget.views.session import Session
-        s = Session(); s.stage("expandable_segments:True,max_split_size_mb:256")
+        from allocconf_widget.app.session import Session
+        s = Session(); s.stage_text("expandable_segments:True,max_split_size_mb:256")
         import torch
         e = expandable_now()
         from allocconf_widget.adapters.readback import read_back
@@ -113,10 +113,10 @@ def test_one_option_change_keeps_the_others_live():
     out = fresh("reset pitfall handled", """
         import torch
         x = torch.empty(1, device="cuda")
-        from allocconf_widget.views.session import Session
+        from allocconf_widget.app.session import Session
         from allocconf_widget.adapters.readback import read_back
         s = Session()
-        s.stage("max_split_size_mb:256,garbage_collection_threshold:0.6"); s.apply(save=False)
+        s.stage_text("max_split_size_mb:256,garbage_collection_threshold:0.6"); s.apply(save=False)
         s.update({"expandable_segments": "True"}); r = s.apply(save=False)
         rb = read_back(r.requested, applied_by_setter=True)
         out = {"setter": r.setter_called, "ok": rb.ok,
@@ -131,18 +131,23 @@ def test_one_option_change_keeps_the_others_live():
 def test_backend_after_import_needs_restart_and_breaks_nothing():
     out = fresh("backend after import", """
         import torch
-        from allocconf_widget.views.session import Session
-        s = Session(); s.stage("backend:cudaMallocAsync,expandable_segments:True"); r = s.apply()
+        from allocconf_widget.app.session import Session
+        s = Session(); s.stage_text("backend:cudaMallocAsync,expandable_segments:True"); r = s.apply()
         x = torch.empty(1 << 20, device="cuda")   # would assert if the env held the new backend
         from allocconf_widget.adapters import persist
         out = {"plan": {p.option: p.action.name for p in r.plan}, "restart": r.restart_needed,
                "env": os.environ.get(r.variable), "saved": persist.load().conf.to_string(),
-               "backend": torch.cuda.get_allocator_backend()}
+               "backend": torch.cuda.get_allocator_backend(),
+               "restart_conf": s.settings_for_restart().to_string(),
+               "panel_backend": s.view().staged.get("backend"), "changes": s.view().has_changes}
     """, env={"XDG_CONFIG_HOME": "/tmp/allocconf-gpu-test"})
     assert out["plan"]["backend"] == "NEEDS_RESTART" and out["restart"] is True
     assert "backend" not in (out["env"] or "")
     assert out["saved"].startswith("backend:cudaMallocAsync")
     assert out["backend"] == "native"
+    # the environment lacks the backend, but the session (panel, restart) still holds it
+    assert out["restart_conf"] == "backend:cudaMallocAsync,expandable_segments:True"
+    assert out["panel_backend"] == "cudaMallocAsync" and out["changes"] is False
 
 
 def test_restart_with_saved_backend_applies_it():

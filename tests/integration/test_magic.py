@@ -29,9 +29,9 @@ def ip():
 
 @pytest.fixture(autouse=True)
 def _fresh_session(ip):
-    from allocconf_widget.views.session import get_session
+    from allocconf_widget.app.session import drop_session
 
-    get_session(ip).discard()
+    drop_session(ip)  # a new session per test: nothing applied in one test leaks into the next
     yield
 
 
@@ -82,7 +82,7 @@ def test_set_whole_string_and_unset(ip, capsys):
 )
 def test_bad_input_is_a_usage_error_and_changes_nothing(ip, capsys, line, message):
     before_env = dict(os.environ)
-    from allocconf_widget.views.session import get_session
+    from allocconf_widget.app.session import get_session
 
     before = get_session(ip).staged()
     with pytest.raises(UsageError, match=message):
@@ -141,10 +141,59 @@ def test_show_reports_state_requested_and_saved(ip, capsys):
 
 def test_restart_in_a_terminal_shell_only_explains(ip, capsys):
     magic(ip, "set expandable_segments=True", capsys)
+    magic(ip, "apply", capsys)
     outcome, out = magic(ip, "restart", capsys)
     assert outcome.started is False  # never kills a terminal session
     assert persist.load().conf.to_string() == "expandable_segments:True"
     assert "Quit this IPython" in out
+
+
+def test_restart_saves_the_complete_applied_conf_with_backend_not_staged_edits(ip, capsys):
+    """Restart saves what was applied, backend included (on CUDA builds the environment lacks it:
+    tests/gpu/test_lifecycle_gpu.py), and never the staged edits."""
+    import torch  # noqa: F401 - after import a backend change waits for the restart
+
+    magic(ip, "set backend=cudaMallocAsync expandable_segments=True", capsys)
+    magic(ip, "apply", capsys)
+    magic(ip, "set garbage_collection_threshold=0.7", capsys)  # staged, never applied
+    _, out = magic(ip, "restart", capsys)
+    assert persist.load().conf.to_string() == "backend:cudaMallocAsync,expandable_segments:True"
+    assert "never applied are not carried over" in out
+
+
+def test_apply_then_panel_state_keeps_every_applied_option(ip, capsys):
+    """After apply, the session's one view shows what was applied and no pending change."""
+    import torch  # noqa: F401
+    from allocconf_widget.app.session import get_session
+
+    magic(ip, "set release_lock_on_cudamalloc=True", capsys)
+    magic(ip, "apply", capsys)
+    view = get_session(ip).view()
+    assert view.staged.get("release_lock_on_cudamalloc") is True
+    assert view.applied == view.staged and not view.has_changes and view.plans == ()
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("set garbage_collection_threshold=0.6,backend:cudaMallocAsync", "would start another option"),
+    ("unset max_split_size", "did you mean max_split_size_mb"),
+    ("set max_split_size=default", "did you mean max_split_size_mb"),
+    ("set =5", "option name is missing"),
+    ("set :", "option name is missing"),
+    ("set ''", "nothing to set"),
+    ("set garbage_collection_threshold=1e-310", "subnormal"),
+    ("set garbage_collection_threshold=1e99999", "too large for a double"),
+    ("set expandable_segments=True\u00a0", r"U\+00A0 no-break space"),
+])
+def test_hostile_set_lines_are_usage_errors_and_change_nothing(ip, capsys, line, message):
+    import torch  # noqa: F401
+    from allocconf_widget.app.session import get_session
+
+    magic(ip, "set max_split_size_mb=256", capsys)
+    before, env = get_session(ip).staged(), dict(os.environ)
+    with pytest.raises(UsageError, match=message):
+        ip.run_line_magic("allocconf", line)
+    assert get_session(ip).staged() == before
+    assert dict(os.environ) == env
 
 
 def test_panel_in_terminal_prints_text(ip, capsys):

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("ipywidgets")
 
 from allocconf_widget.views.panel import Panel
-from allocconf_widget.views.session import Session
+from allocconf_widget.app.session import Session
 
 
 def test_panel_edit_validate_apply():

@@ -75,3 +75,38 @@ def test_failed_write_leaves_the_previous_file_intact(monkeypatch):
     monkeypatch.undo()
     assert persist.load("2.11").conf.to_string() == "expandable_segments:True"
     assert [p.name for p in persist.settings_path().parent.iterdir()] == ["settings.json"]
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"\xff\xfe{\x00}\x00", "not UTF-8"),                      # UTF-16 with a BOM
+        (b'{"format": 1, "conf": "caf\xe9"}', "not UTF-8"),       # one Latin-1 byte
+        (bytes(range(256)) * 4, "not UTF-8"),                      # binary
+        (b"[" * 30_000 + b"]" * 30_000, "nested deeper"),        # RecursionError in json
+        (b'{"format": 1, "conf": "", "n": ' + b"9" * 5000 + b"}", "not usable JSON"),  # int limit
+        (b" " * (persist.MAX_FILE_BYTES + 1), "larger than"),
+    ],
+)
+def test_hostile_files_warn_once_and_are_left_alone(xdg_config_home, content, reason):
+    path = xdg_config_home / "allocconf_widget" / "settings.json"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content)
+    with pytest.warns(AllocConfWarning, match=reason) as caught:
+        assert persist.load("2.13") is None
+    assert len(caught) == 1 and not str(caught[0].message).startswith("allocconf_widget:")
+    assert path.read_bytes() == content  # never rewritten or deleted
+
+
+def test_no_home_directory_is_a_clear_error_not_a_crash(monkeypatch):
+    import pwd
+
+    def no_entry(uid):
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.delenv("XDG_CONFIG_HOME")
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)  # what a random container uid meets
+    with pytest.raises(persist.NoConfigDir, match="XDG_CONFIG_HOME"):
+        persist.settings_path()
+    assert persist.load("2.13") is None

@@ -1,0 +1,263 @@
+"""The one owner of a shell's allocator configuration: requested, staged, applied and effective.
+
+Every view of the configuration (the panel's rows, its top string and
+"changes" line, the What-if tab's "current" row, ``%allocconf show``) renders
+one :class:`ConfigView`, built fresh from this session and the runtime at the
+moment it is asked for, and is told to re-render after every change. No view
+keeps its own copy, so an Apply made anywhere (a panel button, a What-if row,
+the magic in another cell) cannot leave another view showing the state before it.
+
+Three configurations matter, and they differ on purpose:
+
+* **effective** -- what torch reads (or will read) from the environment now;
+* **applied** -- the last *complete* configuration the user applied. It can
+  hold more than the environment: a ``backend`` change waits for a restart and
+  is kept out of this process's environment (torch would assert on it), but it
+  is still what the user asked for, what is saved and what the restart gets.
+  If the environment is changed behind our back, the environment wins.
+* **staged** -- what is being composed; the applied one until something is staged.
+
+A re-entrant lock guards the fields: with ipykernel 7, widget callbacks run on
+a subshell thread while a cell is busy, so the panel and the magic can race.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from allocconf_widget.adapters import persist
+from allocconf_widget.adapters.apply import ApplyResult, apply, current_conf, preview
+from allocconf_widget.adapters.runtime_state import Phase, RuntimeState, detect_state
+from allocconf_widget.core.conf import AllocConf, check_option_name, parse_conf
+from allocconf_widget.core.plan import Action, OptionPlan
+
+Listener = Callable[[], None]
+
+
+@dataclass(frozen=True)
+class ConfigView:
+    """Everything a view shows about the configuration, as of one moment."""
+
+    state: RuntimeState
+    effective: AllocConf
+    applied: AllocConf
+    staged: AllocConf
+    plans: tuple[OptionPlan, ...]
+
+    @property
+    def has_changes(self) -> bool:
+        """True when Apply would change something the user asked for."""
+        return self.staged != self.applied
+
+    @property
+    def restart_pending(self) -> bool:
+        """The applied configuration holds a ``backend`` this process cannot take any more."""
+        return self.applied.get("backend") != self.effective.get("backend") and (
+            self.state.phase is not Phase.NOT_IMPORTED)
+
+
+@dataclass(frozen=True)
+class SaveOutcome:
+    """Whether a configuration reached the settings file, and why not."""
+
+    path: str
+    error: str | None = None
+
+    @property
+    def saved(self) -> bool:
+        return self.error is None
+
+    def message(self) -> str:
+        if self.saved:
+            return (f"Saved to {self.path} (re-applied by %load_ext allocconf_widget in a new "
+                    "kernel; %allocconf forget removes it).")
+        return (f"Applied, but NOT saved for kernel restarts: {self.error}. Fix that path (or set "
+                "XDG_CONFIG_HOME to a writable folder) and apply again.")
+
+
+def save_settings(conf: AllocConf) -> SaveOutcome:
+    """Save ``conf`` for restarts; a file-system failure is reported, never raised."""
+    try:
+        path = persist.settings_path()
+    except persist.NoConfigDir as exc:
+        return SaveOutcome("(no settings folder)", str(exc))
+    try:
+        persist.save(conf)
+    except OSError as exc:
+        return SaveOutcome(str(path), f"{path} cannot be written ({exc.strerror or exc})")
+    return SaveOutcome(str(path))
+
+
+class Session:
+    """Requested, staged and applied configuration and change listeners for one shell."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self._staged: AllocConf | None = None
+        self._applied: AllocConf | None = None
+        self._applied_env: AllocConf | None = None  # the environment right after that apply
+        self.last_apply: ApplyResult | None = None
+        self.last_save: SaveOutcome | None = None
+        self._listeners: list[Listener] = []
+        self.extras: dict[str, Any] = {}
+
+    # -- observation -----------------------------------------------------------
+    def state(self) -> RuntimeState:
+        """The runtime state right now (cheap, side-effect free)."""
+        return detect_state()
+
+    def current(self, state: RuntimeState | None = None) -> AllocConf:
+        """What torch reads (or will read) from the environment now."""
+        return current_conf(state or self.state())
+
+    def applied(self, state: RuntimeState | None = None) -> AllocConf:
+        """The last complete configuration applied here, unless the environment changed since."""
+        effective = self.current(state)
+        with self.lock:
+            if self._applied is not None and self._applied_env == effective:
+                return self._applied
+            return effective
+
+    def staged(self, state: RuntimeState | None = None) -> AllocConf:
+        """The configuration being composed (the applied one until something is staged)."""
+        with self.lock:
+            return self._staged if self._staged is not None else self.applied(state)
+
+    def view(self) -> ConfigView:
+        """One consistent picture for every view to render."""
+        state = self.state()
+        effective = current_conf(state)
+        with self.lock:
+            applied = self.applied(state)
+            staged = self._staged if self._staged is not None else applied
+        plans = preview(staged, state) if staged != applied else ()
+        return ConfigView(state, effective, applied, staged, plans)
+
+    @property
+    def has_staged_changes(self) -> bool:
+        return self.view().has_changes
+
+    def preview(self) -> tuple[OptionPlan, ...]:
+        """What applying the staged configuration would do."""
+        return self.view().plans
+
+    # -- changes -----------------------------------------------------------------
+    def stage(self, conf: AllocConf, *, eager: bool = True) -> AllocConf:
+        """Stage ``conf`` (already validated; replaces what was staged).
+
+        With ``eager`` (the magic's ``set``), before torch is imported the
+        environment *is* the configuration, so staging there also writes it:
+        ``%allocconf set …`` then ``import torch`` just works. The panel stages
+        with ``eager=False`` and writes only on its explicit Apply.
+        """
+        state = self.state()
+        with self.lock:
+            self._staged = conf
+            if eager and state.phase is Phase.NOT_IMPORTED:
+                self._apply_locked(conf, state, save=False)
+        self._notify()
+        return conf
+
+    def stage_text(self, text: str, *, eager: bool = True) -> AllocConf:
+        """Parse ``text`` for the installed torch, then :meth:`stage` it. Bad input stages nothing."""
+        return self.stage(parse_conf(text, self.state().version, warn=False), eager=eager)
+
+    def update(self, options: dict[str, str | None], base: AllocConf | None = None) -> AllocConf:
+        """Stage ``base`` (default: the staged configuration) with options set (text) or unset (None).
+
+        Each value is validated on its own (:meth:`AllocConf.with_value`), so a
+        value holding a comma cannot smuggle in another option, and a misspelled
+        name is an error with a suggestion even when unsetting.
+        """
+        with self.lock:
+            conf = self.staged() if base is None else base
+            for name, value in options.items():
+                canonical = check_option_name(name, conf.torch_version)
+                conf = conf.without(canonical) if value is None else conf.with_value(canonical, value)
+        return self.stage(conf)
+
+    def discard(self) -> None:
+        """Forget staged changes (back to what is applied)."""
+        with self.lock:
+            self._staged = None
+        self._notify()
+
+    def apply(self, save: bool = True) -> ApplyResult:
+        """Apply the staged configuration now, and save it for restarts.
+
+        A settings file that cannot be written does not undo the apply: the
+        outcome is in :attr:`last_save` (and the views say "applied, not saved").
+        """
+        state = self.state()
+        with self.lock:
+            result = self._apply_locked(self.staged(state), state, save=save)
+        self._notify()
+        return result
+
+    def adopt(self, conf: AllocConf, result: ApplyResult) -> None:
+        """Record that ``conf`` was applied outside :meth:`apply` (settings restored at load)."""
+        with self.lock:
+            self._remember(conf, result)
+        self._notify()
+
+    def _apply_locked(self, conf: AllocConf, state: RuntimeState, *, save: bool) -> ApplyResult:
+        result = apply(conf, state=state)
+        self._remember(conf, result)
+        self._staged = None
+        self.last_save = save_settings(conf) if save else None
+        return result
+
+    def _remember(self, conf: AllocConf, result: ApplyResult) -> None:
+        self.last_apply = result
+        self._applied = conf
+        self._applied_env = self.current()
+
+    def settings_for_restart(self) -> AllocConf:
+        """What a restart must carry over: the last complete applied configuration, never staged edits."""
+        return self.applied()
+
+    # -- listeners --------------------------------------------------------------
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener()`` after every change; returns an unsubscribe function."""
+        with self.lock:
+            self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            with self.lock:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+
+        return unsubscribe
+
+    def _notify(self) -> None:
+        with self.lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener()
+
+
+def restart_needed(plans: tuple[OptionPlan, ...]) -> bool:
+    """Whether one of ``plans`` waits for a kernel restart."""
+    return any(p.action is Action.NEEDS_RESTART for p in plans)
+
+
+_SESSIONS: dict[int, Session] = {}
+_SESSIONS_LOCK = threading.Lock()
+
+
+def get_session(shell: Any = None) -> Session:
+    """The session of ``shell`` (one per shell object; a default one without a shell)."""
+    key = id(shell)
+    with _SESSIONS_LOCK:
+        if key not in _SESSIONS:
+            _SESSIONS[key] = Session()
+        return _SESSIONS[key]
+
+
+def drop_session(shell: Any = None) -> None:
+    """Forget the session of ``shell`` (on ``%unload_ext``)."""
+    with _SESSIONS_LOCK:
+        _SESSIONS.pop(id(shell), None)
