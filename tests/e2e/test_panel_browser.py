@@ -110,3 +110,50 @@ def test_magic_changes_show_up_in_an_open_panel(notebook_page):
     row = _row(panel, "roundup_power2_divisions")
     wait_until(row.locator(".allocconf-set input").first.is_checked, timeout=10,
                what="the row to show the value set by the magic")
+
+
+def _is_ticked(panel, name: str) -> bool:
+    return bool(_row(panel, name).locator(".allocconf-set input").first.is_checked())
+
+
+def _assert_panel_shows(panel, expected: str) -> None:
+    """The top string is exactly ``expected``, every row's tick agrees, and nothing is pending."""
+    wait_for_text(panel, "allocconf-status",
+                  re.compile(rf"^{re.escape(VAR)}={re.escape(expected)}\s.*No changes to apply", re.S),
+                  timeout=20)
+    applied = {item.split(":", 1)[0] for item in expected.split(",") if item}
+    for name in ("release_lock_on_cudamalloc", "garbage_collection_threshold", "expandable_segments",
+                 "max_split_size_mb", "roundup_power2_divisions"):
+        wait_until(lambda n=name: _is_ticked(panel, n) == (n in applied), timeout=10,
+                   what=f"row {name} ticked={name in applied}")
+
+
+@pytest.mark.parametrize("ui", ["lab", "notebook"])
+def test_every_apply_path_leaves_the_settings_tab_showing_the_session(notebook_page, ui):
+    """Settings-tab Apply, a What-if row's Apply and the magic in another cell: the panel follows."""
+    nb, panel = _open_panel(notebook_page, ui)
+    # 1. Settings tab: tick an option, Apply; the panel must keep it ticked and in the string
+    set_toggle(_row(panel, "release_lock_on_cudamalloc"), "allocconf-set", True)
+    wait_for_text(panel, "allocconf-status", re.compile(r"release_lock_on_cudamalloc:True"))
+    click_button(panel, name="apply")
+    wait_for_text(panel, "allocconf-result", re.compile(r"Applied"))
+    _assert_panel_shows(panel, "release_lock_on_cudamalloc:True")
+    assert nb.getenv(VAR) == "release_lock_on_cudamalloc:True"
+    # 2. the magic, from another cell
+    nb.execute("get_ipython().run_line_magic('allocconf', 'set garbage_collection_threshold=0.7')\n"
+               "get_ipython().run_line_magic('allocconf', 'apply')").check()
+    _assert_panel_shows(panel, "garbage_collection_threshold:0.7,release_lock_on_cudamalloc:True")
+    # ticking the applied option again must not stage its removal: it is already ticked
+    assert _is_ticked(panel, "release_lock_on_cudamalloc")
+    # 3. a What-if row's Apply
+    panel.locator(".lm-TabBar-tab, .p-TabBar-tab").filter(has_text="What if?").first.click()
+    click_button(panel, name="whatif-run", timeout=20)
+    apply_buttons = panel.locator(".allocconf-whatif-apply:not([disabled])")
+    wait_until(lambda: apply_buttons.count() > 0, timeout=60, what="What-if rows with Apply")
+    apply_buttons.first.click()
+    text = wait_for_text(panel, "whatif-result", re.compile(r"Applied (.+?)\."), timeout=20)
+    applied = re.search(r"Applied (.+?)\.", text).group(1)  # type: ignore[union-attr]
+    applied = "" if applied == "(torch defaults)" else applied
+    assert nb.getenv(VAR) == (applied or None)
+    panel.locator(".lm-TabBar-tab, .p-TabBar-tab").filter(has_text="Settings").first.click()
+    _assert_panel_shows(panel, applied)
