@@ -43,7 +43,7 @@ MAX_FILE_BYTES = 64 * 1024  # a real settings file is ~200 bytes; anything near 
 MAX_JSON_DEPTH = 8
 
 
-class NoConfigDir(OSError):
+class NoConfigDirError(OSError):
     """Neither ``$XDG_CONFIG_HOME`` nor a home directory is known (random container uids)."""
 
 
@@ -51,14 +51,14 @@ def config_dir() -> Path:
     """``$XDG_CONFIG_HOME/allocconf_widget`` (``~/.config/allocconf_widget`` by default).
 
     Raises:
-        NoConfigDir: HOME is unset and the uid has no passwd entry, so there is no default.
+        NoConfigDirError: HOME is unset and the uid has no passwd entry, so there is no default.
     """
     base = os.environ.get("XDG_CONFIG_HOME")
     if not base:
         try:
             base = str(Path.home() / ".config")
         except (RuntimeError, KeyError, OSError) as exc:
-            raise NoConfigDir(
+            raise NoConfigDirError(
                 f"no home directory is known for this user ({exc}); set XDG_CONFIG_HOME to a "
                 "writable folder to keep settings across restarts") from None
     return Path(base) / "allocconf_widget"
@@ -102,7 +102,7 @@ def load(torch_version: VersionLike = None) -> SavedSettings | None:
     """
     try:
         path = settings_path()
-    except NoConfigDir:
+    except NoConfigDirError:
         return None  # nothing can have been saved without a folder; saving says why
     try:
         with path.open("rb") as handle:

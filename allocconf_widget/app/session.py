@@ -82,7 +82,7 @@ def save_settings(conf: AllocConf) -> SaveOutcome:
     """Save ``conf`` for restarts; a file-system failure is reported, never raised."""
     try:
         path = persist.settings_path()
-    except persist.NoConfigDir as exc:
+    except persist.NoConfigDirError as exc:
         return SaveOutcome("(no settings folder)", str(exc))
     try:
         persist.save(conf)

@@ -17,8 +17,8 @@ from allocconf_widget._errors import AllocConfError, AllocConfWarning, printable
 from allocconf_widget.adapters import persist
 from allocconf_widget.adapters.runtime_state import Phase
 from allocconf_widget.core.conf import parse_conf
-from allocconf_widget.core.tokens import C_WHITESPACE_TEXT
 from allocconf_widget.core.envvars import snippets, variable_to_write
+from allocconf_widget.core.tokens import C_WHITESPACE_TEXT
 
 
 def register(subparsers: Any) -> None:
@@ -209,7 +209,6 @@ def run_snippet(_args: argparse.Namespace, ctx: Any) -> dict[str, str]:
 
 def run_restart(_args: argparse.Namespace, ctx: Any) -> Any:
     from allocconf_widget.adapters.frontend import restart
-
     from allocconf_widget.app.session import save_settings
 
     session = ctx.session
@@ -237,7 +236,7 @@ def restore_saved_settings(print_to: IO[str] = sys.stdout, session: Any = None) 
     """
     try:
         return _restore(print_to, session)
-    except Exception as exc:  # noqa: BLE001 - the promise is "one line, the kernel starts"
+    except Exception as exc:
         print(f"allocconf_widget: saved settings not re-applied ({type(exc).__name__}: "
               f"{printable(str(exc), 300)})", file=print_to)
         return None

@@ -20,9 +20,9 @@ import threading
 from typing import Any
 
 from allocconf_widget._errors import AllocConfError
+from allocconf_widget.app.session import Session
 from allocconf_widget.views.controls import OptionRow
 from allocconf_widget.views.panel_model import PanelModel
-from allocconf_widget.app.session import Session
 
 _TAB_TITLES = ("Settings", "Monitor", "What if?")
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from allocconf_widget._errors import AllocConfError
 from allocconf_widget.adapters.apply import ApplyResult
 from allocconf_widget.adapters.runtime_state import RuntimeState
+from allocconf_widget.app.session import ConfigView, Session
 from allocconf_widget.core import options as opt
 from allocconf_widget.core.conf import conf_from_values, format_value, parse_conf
 from allocconf_widget.core.envvars import snippets, variable_to_write
 from allocconf_widget.core.plan import Action, OptionPlan
-from allocconf_widget.app.session import ConfigView, Session
 
 
 @dataclass(frozen=True)

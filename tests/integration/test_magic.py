@@ -164,6 +164,7 @@ def test_restart_saves_the_complete_applied_conf_with_backend_not_staged_edits(i
 def test_apply_then_panel_state_keeps_every_applied_option(ip, capsys):
     """After apply, the session's one view shows what was applied and no pending change."""
     import torch  # noqa: F401
+
     from allocconf_widget.app.session import get_session
 
     magic(ip, "set release_lock_on_cudamalloc=True", capsys)
@@ -186,6 +187,7 @@ def test_apply_then_panel_state_keeps_every_applied_option(ip, capsys):
 ])
 def test_hostile_set_lines_are_usage_errors_and_change_nothing(ip, capsys, line, message):
     import torch  # noqa: F401
+
     from allocconf_widget.app.session import get_session
 
     magic(ip, "set max_split_size_mb=256", capsys)

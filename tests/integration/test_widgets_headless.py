@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("ipywidgets")
 
-from allocconf_widget.views.panel import Panel
 from allocconf_widget.app.session import Session
+from allocconf_widget.views.panel import Panel
 
 
 def test_panel_edit_validate_apply():

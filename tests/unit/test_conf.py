@@ -273,7 +273,8 @@ def _value_strategy(spec: opt.OptionSpec, version):
     if spec.kind is opt.Kind.FRACTION:
         low_open = bound is not None and not bound.low_inclusive
         high_open = bound is not None and not bound.high_inclusive
-        return st.floats(0.0, 1.0, exclude_min=low_open, exclude_max=high_open, allow_subnormal=False).map(repr)
+        return st.floats(0.0, 1.0, exclude_min=low_open, exclude_max=high_open,
+                         allow_subnormal=False).map(repr)
     if spec.kind is opt.Kind.ROUNDUP:
         single = st.integers(0, 10).map(lambda e: str(1 << e))
         band = st.lists(st.integers(0, 15), min_size=1, max_size=5, unique=True).map(sorted)

@@ -107,6 +107,6 @@ def test_no_home_directory_is_a_clear_error_not_a_crash(monkeypatch):
     monkeypatch.delenv("XDG_CONFIG_HOME")
     monkeypatch.delenv("HOME", raising=False)
     monkeypatch.setattr(pwd, "getpwuid", no_entry)  # what a random container uid meets
-    with pytest.raises(persist.NoConfigDir, match="XDG_CONFIG_HOME"):
+    with pytest.raises(persist.NoConfigDirError, match="XDG_CONFIG_HOME"):
         persist.settings_path()
     assert persist.load("2.13") is None
