@@ -88,6 +88,9 @@ def _stop_all_at_exit() -> None:
             sampler.stop(timeout=1.0)
 
 
+MAX_INTERVAL_S = 3600.0  # an hour between samples; beyond that nothing would be live
+
+
 class Sampler:
     """Samples memory in the background (or per optimizer step) into a bounded timeline.
 
@@ -123,8 +126,9 @@ class Sampler:
         max_points: int = 2048,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not interval > 0:
-            raise ValueError(f"interval={interval!r}: the sampling interval must be > 0 seconds")
+        if not 0 < interval <= MAX_INTERVAL_S:  # also refuses nan and inf
+            raise ValueError(f"interval={interval!r}: the sampling interval must be between 0 and "
+                             f"{MAX_INTERVAL_S:g} seconds")
         if not 0 <= snapshot_budget < 1:
             raise ValueError(f"snapshot_budget={snapshot_budget!r} must be in [0, 1)")
         self.interval = float(interval)
@@ -160,7 +164,13 @@ class Sampler:
     @property
     def running(self) -> bool:
         with self._lock:
-            return self._started_at is not None
+            if self._started_at is None:
+                return False
+            thread = self._thread
+        if thread is not None and not thread.is_alive():  # the thread died: say so, once
+            self.stop()
+            return False
+        return True
 
     def start(self) -> Sampler:
         """Begin sampling (idempotent). Never touches CUDA until the program has."""
@@ -287,7 +297,14 @@ class Sampler:
         return result, seconds * 1e3
 
     def _run(self) -> None:
-        """Thread body: tick every ``interval`` seconds until stopped."""
+        """Thread body; if it ever ends by an error, :attr:`last_error` says why and it stops."""
+        try:
+            self._loop()
+        except BaseException as exc:
+            self.last_error = f"the sampler thread stopped: {type(exc).__name__}: {exc}"
+
+    def _loop(self) -> None:
+        """Tick every ``interval`` seconds until stopped."""
         next_at = self.probe.clock()
         while not self._stop.is_set():
             try:

@@ -18,12 +18,13 @@ import io
 import os
 import pickle
 import tempfile
-import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any, TypedDict, cast
 
-from allocconf_widget._errors import SnapshotError
+from allocconf_widget._errors import SnapshotError, printable
+from allocconf_widget.core.snapshot_fields import check_fields, short_repr
+from allocconf_widget.core.untrusted import LoadLimits, check_structure, gunzip_bounded, too_large
 
 ACTIVE_ALLOCATED = "active_allocated"
 """Block state: handed out to a tensor."""
@@ -145,11 +146,14 @@ def _describe(source: object) -> str:
     return "snapshot data"
 
 
-def _read_path(path: str | os.PathLike[str]) -> bytes:
+def _read_path(path: str | os.PathLike[str], limit: int) -> bytes:
     name = os.fspath(path)
     try:
         with Path(path).open("rb") as handle:
-            return handle.read()
+            data = handle.read(limit + 1)
+            if len(data) > limit:
+                raise too_large(f"snapshot file {name!r}", limit)
+            return data
     except FileNotFoundError:
         raise SnapshotError(
             f"snapshot file {name!r} does not exist; check the path, or {_DUMP_HINT}"
@@ -162,28 +166,18 @@ def _read_path(path: str | os.PathLike[str]) -> bytes:
         raise SnapshotError(f"cannot read snapshot file {name!r}: {exc}") from exc
 
 
-def _read_bytes(source: str | os.PathLike[str] | bytes | IO[bytes]) -> bytes:
+def _read_bytes(source: str | os.PathLike[str] | bytes | IO[bytes], limit: int) -> bytes:
     if isinstance(source, bytes | bytearray | memoryview):
-        return bytes(source)
-    if isinstance(source, str | os.PathLike):
-        return _read_path(source)
-    data = source.read()
+        data = bytes(source)
+    elif isinstance(source, str | os.PathLike):
+        return _read_path(source, limit)
+    else:
+        data = source.read(limit + 1)
     if not isinstance(data, bytes):
         raise SnapshotError("the snapshot file object is open in text mode; open it with 'rb'")
+    if len(data) > limit:
+        raise too_large("snapshot data", limit)
     return data
-
-
-def _gunzip(data: bytes, what: str) -> bytes:
-    try:
-        return gzip.decompress(data)
-    except EOFError as exc:
-        raise SnapshotError(
-            f"the gzip-compressed {what} is truncated ({exc}); copy or download it again"
-        ) from exc
-    except (OSError, zlib.error) as exc:
-        raise SnapshotError(
-            f"the gzip-compressed {what} is corrupt ({exc}); copy or download it again"
-        ) from exc
 
 
 def _not_a_pickle_hint(data: bytes) -> str:
@@ -221,9 +215,10 @@ def _unpickle(data: bytes, what: str) -> object:
         raise SnapshotError(
             f"the {what} is not a readable pickle ({exc}){_not_a_pickle_hint(data)}"
         ) from exc
-    except (ValueError, TypeError, IndexError, KeyError, AttributeError, MemoryError) as exc:
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError, MemoryError,
+            RecursionError, OverflowError) as exc:
         raise SnapshotError(
-            f"the {what} is not a readable pickle ({type(exc).__name__}: {exc})"
+            f"the {what} is not a readable pickle ({type(exc).__name__}: {printable(str(exc), 200)})"
             f"{_not_a_pickle_hint(data)}"
         ) from exc
 
@@ -264,7 +259,8 @@ def _check_segment(segment: object, index: int) -> None:
         raise _shape_error(where, "has a 'device' that is not an integer")
     pool = segment.get("segment_pool_id", (0, 0))
     if not _is_int_pair(pool):
-        raise _shape_error(where, f"has a 'segment_pool_id' that is not a pair of integers: {pool!r}")
+        raise _shape_error(where, f"has a 'segment_pool_id' that is not a pair of integers: "
+                           f"{short_repr(pool)}")
     for block_index, block in enumerate(blocks):
         _check_block(block, f"block {block_index} of {where}")
 
@@ -301,17 +297,23 @@ def load_snapshot(source: str | os.PathLike[str] | bytes | IO[bytes]) -> Snapsho
             snapshot. The message says what is wrong and how to get a good file.
     """
     what = _describe(source)
-    data = _read_bytes(source)
+    limits = LoadLimits.from_env()
+    data = _read_bytes(source, limits.max_bytes)
     if not data:
         raise SnapshotError(
             f"the {what} is empty (0 bytes): the process writing it was probably "
             "stopped before the dump finished; dump it again"
         )
     if data[:2] == _GZIP_MAGIC:
-        data = _gunzip(data, what)
+        data = gunzip_bounded(data, what, limits.max_bytes)
         if not data:
             raise SnapshotError(f"the gzip-compressed {what} contains nothing (0 bytes)")
-    return _as_snapshot(_unpickle(data, what))
+    obj = _unpickle(data, what)
+    del data
+    check_structure(obj, what, limits)
+    snapshot = _as_snapshot(obj)
+    check_fields(snapshot)
+    return snapshot
 
 
 def large_snapshot_note(size_bytes: int) -> str | None:

@@ -358,6 +358,7 @@ class _Decoder:
     def __init__(self, entries: Sequence[Any], initial: AllocatorState | None = None) -> None:
         self.entries = entries
         self.initial = initial
+        self._explained_from: list[bool] | None = None
         self.ops: array[int] = array("b")
         self.aids: array[int] = array("q")
         self.sizes: array[int] = array("q")
@@ -499,18 +500,24 @@ class _Decoder:
             self._emit(OP_EMPTY_CACHE, -1, 0, e, idx)
 
     def _burst_explained(self, idx: int) -> bool:
-        """A release burst inside malloc (GC / OOM path) is followed by a new segment or an OOM."""
-        entries = self.entries
-        j = idx + 1
-        while j < len(entries):
-            nxt = entries[j]
-            act = nxt.get("action") if isinstance(nxt, Mapping) else None
-            if act not in _BURST_FILLER:
-                return act in _EXPLAINS_RELEASE
-            j += 1
-        return False
+        """A release burst inside malloc (GC / OOM path) is followed by a new segment or an OOM.
+
+        Answered from one backward pass over the entries (built on first use), so a trace
+        alternating releases and fillers decodes in linear time, not quadratic.
+        """
+        if self._explained_from is None:
+            self._explained_from = _explained_from(self.entries)
+        return self._explained_from[idx + 1]
 
 
+def _explained_from(entries: Sequence[Any]) -> list[bool]:
+    """``result[j]``: the first non-filler entry at or after ``j`` explains a release burst."""
+    result = [False] * (len(entries) + 1)
+    for j in range(len(entries) - 1, -1, -1):
+        entry = entries[j]
+        act = entry.get("action") if isinstance(entry, Mapping) else None
+        result[j] = result[j + 1] if act in _BURST_FILLER else act in _EXPLAINS_RELEASE
+    return result
 
 
 def guess_torch_version(snapshot: Mapping[str, Any]) -> tuple[tuple[int, int], str]:

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+
+from allocconf_widget._errors import AllocConfError, SnapshotError, printable
 
 _SUBCOMMAND_MODULES = ("cli_check", "cli_options", "cli_report", "cli_simulate")
 
@@ -53,6 +56,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(handler(args))
     except BrokenPipeError:  # `allocconf options | head`
         return 0
+    except (AllocConfError, SnapshotError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a file or value we did not foresee: a message, never a traceback
+        if os.environ.get("ALLOCCONF_DEBUG"):
+            raise
+        print(f"error: the input could not be processed ({type(exc).__name__}: "
+              f"{printable(str(exc), 300)}). If the file is one torch wrote unchanged, please "
+              "report this; ALLOCCONF_DEBUG=1 shows the traceback.", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

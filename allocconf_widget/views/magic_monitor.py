@@ -71,6 +71,8 @@ def run_monitor(args: argparse.Namespace, _ctx: Any) -> Any:
                      "choose one")
     if args.interval < 0.01:
         raise _usage(f"--interval {args.interval:g} is too short: use 0.01 s (100 Hz) or more")
+    if not args.interval <= 60:  # also nan and inf: the thread could not sleep that long
+        raise _usage(f"--interval {args.interval:g} is too long: use at most 60 s")
     if args.device is not None and args.device < 0:
         raise _usage(f"--device {args.device}: GPU indices start at 0")
     try:

@@ -278,7 +278,8 @@ class MonitorView:
                 state += " (Start replays it again)"
             return state
         if not self.running:
-            return "stopped"
+            error = getattr(self.source, "last_error", None)
+            return f"stopped ({error})" if error and "sampler thread stopped" in error else "stopped"
         latest = self.source.latest.get(None)
         return latest.message if latest is not None and latest.status != OK else "live"
 
@@ -475,11 +476,13 @@ def start_monitor(
         source = Sampler(interval=interval, step_sync=step_sync)
     view = MonitorView(source, renderer=renderer, device=device, recording=recording, shell=_shell())
     global _active  # one monitor per process, like one training loop
+    # the whole swap under the lock: panel callbacks on subshell threads may start and stop
+    # concurrently, and an unlocked stop-then-start let sampler threads escape every stop
     with _active_lock:
         previous, _active = _active, view
-    if previous is not None:
-        previous.stop()
-    return view.start()
+        if previous is not None:
+            previous.stop()
+        return view.start()
 
 
 def stop_monitor() -> None:
@@ -487,8 +490,8 @@ def stop_monitor() -> None:
     global _active
     with _active_lock:
         view, _active = _active, None
-    if view is not None:
-        view.stop()
+        if view is not None:
+            view.stop()
 
 
 def active_monitor() -> MonitorView | None:

@@ -1,0 +1,122 @@
+"""Type checks for every snapshot field the readers use, done once at the door.
+
+After :func:`check_fields` a reader may rely on the types below and never meet
+``None`` where a size should be, a string where an address should be, or a
+float infinity in a time stamp; a file that breaks one gets a
+:class:`SnapshotError` naming the field's path (``device_traces[0][17].size``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from allocconf_widget._errors import SnapshotError, printable
+
+_U64 = 1 << 64
+_I64 = 1 << 63
+Check = Callable[[object], str | None]
+
+
+def short_repr(value: object) -> str:
+    """A bounded description of untrusted ``value``: never a repr of a whole container."""
+    if isinstance(value, list | tuple | dict | set | frozenset):
+        return f"a {type(value).__name__} of {len(value)} items"
+    if isinstance(value, str | bytes):
+        return printable(repr(value[:60]) + ("…" if len(value) > 60 else ""), 100)
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"an integer of {value.bit_length()} bits"
+    return printable(repr(value), 100)
+
+
+def _int_in(low: int, high: int) -> Check:
+    def check(value: object) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"is {short_repr(value)}, not an integer"
+        if not low <= value < high:
+            return f"is {short_repr(value)}, outside {low}..{high - 1}"
+        return None
+    return check
+
+
+def _number(value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"is {short_repr(value)}, not a number"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"is {value}, not a finite number"
+    if isinstance(value, int) and abs(value) >= _U64:
+        return f"is {short_repr(value)}, too large"
+    return None
+
+
+def _of(kind: type | tuple[type, ...], label: str) -> Check:
+    def check(value: object) -> str | None:
+        return None if isinstance(value, kind) else f"is {short_repr(value)}, not {label}"
+    return check
+
+
+ADDRESS = _int_in(0, _U64)
+SIZE = _int_in(0, _I64)
+SMALL_INT = _int_in(-_I64, _U64)  # stream handles are pointers
+TEXT = _of(str, "a string")
+LIST = _of(list, "a list")
+
+_BLOCK = {"size": SIZE, "requested_size": SIZE, "address": ADDRESS, "state": TEXT, "frames": LIST,
+          "history": LIST}
+_SEGMENT = {"address": ADDRESS, "total_size": SIZE, "allocated_size": SIZE, "active_size": SIZE,
+            "requested_size": SIZE, "device": SMALL_INT, "stream": SMALL_INT,
+            "segment_type": TEXT, "blocks": LIST, "frames": LIST}
+_ENTRY = {"action": TEXT, "addr": ADDRESS, "size": SIZE, "stream": SMALL_INT, "time_us": _number,
+          "device_free": SIZE, "frames": LIST}
+_TOP = {"segments": LIST, "device_traces": LIST, "allocconf_initial_segments": LIST,
+        "host_segments": LIST, "host_traces": LIST}
+
+
+def _fields(record: object, where: str, checks: Mapping[str, Check]) -> None:
+    if not isinstance(record, dict):
+        raise _error(where, f"is {short_repr(record)}, not a dict")
+    for name, check in checks.items():
+        if name in record:
+            problem = check(record[name])
+            if problem:
+                raise _error(f"{where}.{name}", problem)
+
+
+def _segments(segments: list[Any], where: str) -> None:
+    for i, segment in enumerate(segments):
+        _fields(segment, f"{where}[{i}]", _SEGMENT)
+        for j, block in enumerate(segment.get("blocks", ())):
+            _fields(block, f"{where}[{i}].blocks[{j}]", _BLOCK)
+
+
+def check_fields(snapshot: Mapping[str, Any]) -> None:
+    """Raise :class:`SnapshotError` naming the first field whose type or range is wrong."""
+    _fields(dict(snapshot), "snapshot", _TOP)
+    _segments(snapshot["segments"], "segments")
+    if "allocconf_initial_segments" in snapshot:
+        _segments(snapshot["allocconf_initial_segments"], "allocconf_initial_segments")
+    for d, trace in enumerate(snapshot.get("device_traces", ())):
+        if not isinstance(trace, list):
+            raise _error(f"device_traces[{d}]", f"is {short_repr(trace)}, not a list")
+        for i, entry in enumerate(trace):
+            _fields(entry, f"device_traces[{d}][{i}]", _ENTRY)
+    settings = snapshot.get("allocator_settings")
+    if settings is not None:
+        if not isinstance(settings, dict):
+            raise _error("allocator_settings", f"is {short_repr(settings)}, not a dict")
+        for key, value in settings.items():
+            problem = None
+            if isinstance(value, list):
+                problem = next((p for p in map(_number, value) if p), None)
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                problem = _number(value) or (
+                    f"is {value}, negative" if value < 0 and value != -1 else None)  # -1: unlimited
+            if problem:
+                raise _error(f"allocator_settings.{printable(str(key), 60)}", problem)
+
+
+def _error(where: str, problem: str) -> SnapshotError:
+    return SnapshotError(
+        f"this file is not a memory snapshot torch wrote: {where} {problem}. Dump it again with "
+        "torch.cuda.memory._dump_snapshot(...), or pass the file torch wrote unchanged")

@@ -1,0 +1,134 @@
+"""Bounds for data read from files we did not write: size, nesting and expanded element count.
+
+A pickle can be small and still cost without bound once something walks it:
+memo references let one list appear 10⁵ times ("billion laughs"), a gzip
+stream can expand a thousandfold, and nesting can be deep enough to overflow
+any recursive walk. :func:`check_structure` measures the *expanded* size of a
+loaded object (every reference counted, as a walk over it would see it) in time
+linear in the number of *distinct* containers, and without recursion, so a
+hostile file is refused before anything iterates it.
+
+The defaults fit the largest honest traces we have measured many times over
+(docs/limits.md); ``ALLOCCONF_MAX_SNAPSHOT_MIB`` and ``ALLOCCONF_MAX_SNAPSHOT_ITEMS``
+lift them for a genuinely huge trace.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from dataclasses import dataclass
+
+from allocconf_widget._errors import SnapshotError
+
+MIB = 1 << 20
+SIZE_VARIABLE = "ALLOCCONF_MAX_SNAPSHOT_MIB"
+ITEMS_VARIABLE = "ALLOCCONF_MAX_SNAPSHOT_ITEMS"
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+
+
+@dataclass(frozen=True)
+class LoadLimits:
+    """What a loader accepts before it refuses a file."""
+
+    max_bytes: int = 512 * MIB          # the file as read, and again after decompression
+    max_items: int = 60_000_000          # container elements, shared references counted each time
+    max_depth: int = 40                  # torch's snapshots nest about 8 levels deep
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> LoadLimits:
+        """The defaults, with the two override variables applied where they are valid numbers."""
+        env = os.environ if environ is None else environ
+        limits = cls()
+        size = _positive_int(env.get(SIZE_VARIABLE))
+        items = _positive_int(env.get(ITEMS_VARIABLE))
+        return cls(size * MIB if size else limits.max_bytes, items or limits.max_items,
+                   limits.max_depth)
+
+
+def _positive_int(text: str | None) -> int | None:
+    if not text or not text.strip().isdigit() or len(text.strip()) > 12:
+        return None
+    value = int(text.strip())
+    return value if value > 0 else None
+
+
+def too_large(what: str, limit_bytes: int) -> SnapshotError:
+    return SnapshotError(
+        f"the {what} is larger than the {limit_bytes // MIB} MiB this loader accepts; if it is a "
+        f"genuine trace, raise the limit with {SIZE_VARIABLE}=<MiB> (docs/limits.md)")
+
+
+def gunzip_bounded(data: bytes, what: str, limit_bytes: int) -> bytes:
+    """Decompress gzip ``data``, refusing to produce more than ``limit_bytes`` (a gzip bomb)."""
+    out: list[bytes] = []
+    total = 0
+    stream = data
+    while stream:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            while stream:
+                chunk = inflater.decompress(stream, 4 * MIB)
+                total += len(chunk)
+                if total > limit_bytes:
+                    raise too_large(f"decompressed {what}", limit_bytes)
+                out.append(chunk)
+                stream = inflater.unconsumed_tail
+                if inflater.eof:
+                    break
+        except zlib.error as exc:
+            raise SnapshotError(
+                f"the gzip-compressed {what} is corrupt ({exc}); copy or download it again") from None
+        if not inflater.eof:
+            raise SnapshotError(
+                f"the gzip-compressed {what} is truncated; copy or download it again")
+        stream = inflater.unused_data.lstrip(b"\0")  # a concatenated member may follow
+    return b"".join(out)
+
+
+def check_structure(obj: object, what: str, limits: LoadLimits) -> None:
+    """Refuse ``obj`` if walking it would meet more than ``limits`` allow.
+
+    Raises:
+        SnapshotError: nesting deeper than ``max_depth`` (a cycle counts as endless
+            nesting) or more than ``max_items`` elements once shared parts are
+            counted at every place they appear.
+    """
+    if not isinstance(obj, _CONTAINERS):
+        return
+    expanded: dict[int, int] = {}
+    stack: list[tuple[object, int, bool]] = [(obj, 0, False)]
+    while stack:
+        node, depth, children_done = stack.pop()
+        key = id(node)
+        if children_done:
+            total = len(node)  # type: ignore[arg-type]
+            for child in _children(node):
+                total += expanded.get(id(child), 0)
+            if total > limits.max_items:
+                raise SnapshotError(
+                    f"the {what} holds more than {limits.max_items:,} elements once its shared "
+                    "parts are counted where they are used (a pickle bomb, or a trace far beyond "
+                    f"any recorded one); if it is genuine, raise {ITEMS_VARIABLE} (docs/limits.md)")
+            expanded[key] = total
+            continue
+        if key in expanded:
+            continue
+        if depth >= limits.max_depth:
+            raise SnapshotError(
+                f"the {what} is nested more than {limits.max_depth} levels deep (or refers to "
+                "itself); torch's snapshots nest about 8 levels, so this is not one")
+        stack.append((node, depth, True))
+        for child in _children(node):
+            if isinstance(child, _CONTAINERS) and id(child) not in expanded:
+                stack.append((child, depth + 1, False))
+
+
+def _children(node: object) -> list[object] | tuple[object, ...]:
+    if isinstance(node, dict):
+        return [*node.keys(), *node.values()]
+    if isinstance(node, list | tuple):
+        return node
+    if isinstance(node, set | frozenset):
+        return list(node)
+    return ()
