@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from allocconf_widget._errors import SnapshotError
@@ -25,6 +26,7 @@ MIB = 1 << 20
 SIZE_VARIABLE = "ALLOCCONF_MAX_SNAPSHOT_MIB"
 ITEMS_VARIABLE = "ALLOCCONF_MAX_SNAPSHOT_ITEMS"
 _CONTAINERS = (list, tuple, dict, set, frozenset)
+_CONTAINER_TYPES = frozenset(_CONTAINERS)
 
 
 @dataclass(frozen=True)
@@ -99,34 +101,45 @@ def check_structure(obj: object, what: str, limits: LoadLimits) -> None:
     expanded: dict[int, int] = {}
     stack: list[tuple[object, int, bool]] = [(obj, 0, False)]
     while stack:
-        node, depth, children_done = stack.pop()
+        node, depth, revisit = stack.pop()
         key = id(node)
-        if children_done:
-            total = len(node)  # type: ignore[arg-type]
-            for child in _children(node):
-                total += expanded.get(id(child), 0)
-            if total > limits.max_items:
-                raise SnapshotError(
-                    f"the {what} holds more than {limits.max_items:,} elements once its shared "
-                    "parts are counted where they are used (a pickle bomb, or a trace far beyond "
-                    f"any recorded one); if it is genuine, raise {ITEMS_VARIABLE} (docs/limits.md)")
-            expanded[key] = total
-            continue
         if key in expanded:
             continue
         if depth >= limits.max_depth:
             raise SnapshotError(
                 f"the {what} is nested more than {limits.max_depth} levels deep (or refers to "
                 "itself); torch's snapshots nest about 8 levels, so this is not one")
-        stack.append((node, depth, True))
+        total = len(node)  # type: ignore[arg-type]
+        pending = None
         for child in _children(node):
-            if isinstance(child, _CONTAINERS) and id(child) not in expanded:
-                stack.append((child, depth + 1, False))
+            if type(child) in _CONTAINER_TYPES or isinstance(child, _CONTAINERS):
+                size = expanded.get(id(child))
+                if size is None:
+                    if pending is None:
+                        pending = [child]
+                    else:
+                        pending.append(child)
+                else:
+                    total += size
+        if pending and not revisit:
+            stack.append((node, depth, True))
+            stack.extend((child, depth + 1, False) for child in pending)
+            continue
+        if pending:  # a child still unmeasured on the second visit refers back here: a cycle
+            raise SnapshotError(f"the {what} refers to itself; torch's snapshots never do")
+        if total > limits.max_items:
+            raise SnapshotError(
+                f"the {what} holds more than {limits.max_items:,} elements once its shared "
+                "parts are counted where they are used (a pickle bomb, or a trace far beyond "
+                f"any recorded one); if it is genuine, raise {ITEMS_VARIABLE} (docs/limits.md)")
+        expanded[key] = total
 
 
-def _children(node: object) -> list[object] | tuple[object, ...]:
+def _children(node: object) -> Iterable[object]:
+    # a dict's keys are counted (len) but not walked: keys are hashable scalars or tuples, and
+    # no reader walks a key; every message shows untrusted values through a bounded repr
     if isinstance(node, dict):
-        return [*node.keys(), *node.values()]
+        return node.values()
     if isinstance(node, list | tuple):
         return node
     if isinstance(node, set | frozenset):

@@ -68,3 +68,9 @@ def test_report_json_prints_the_same_document(ip, capsys):
     doc = ip.run_line_magic("allocconf", "-r report --json --device 0")
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads(json.dumps(doc))
+
+
+@pytest.mark.parametrize("value", ["inf", "1e308", "nan"])
+def test_monitor_interval_without_bound_is_a_usage_error(ip, value):
+    with pytest.raises(UsageError, match="too long"):
+        ip.run_line_magic("allocconf", f"monitor start --interval {value}")

@@ -371,3 +371,43 @@ def test_sampler_module_pulls_no_notebook_stack():
             "print([m for m in ('ipywidgets','plotly','IPython','torch') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("interval", [float("inf"), 1e308, float("nan")])
+def test_unbounded_intervals_are_refused_before_any_thread_starts(interval):
+    before = _allocconf_threads()
+    with pytest.raises(ValueError, match="sampling interval must be between"):
+        Sampler(interval=interval)
+    assert _allocconf_threads() == before
+
+
+def test_a_sampler_thread_that_dies_shows_as_stopped_with_the_reason(monkeypatch):
+    sampler = Sampler(interval=0.01)
+
+    def broken_loop():
+        raise OverflowError("timeout value is too large")
+
+    monkeypatch.setattr(sampler, "_loop", broken_loop)  # what an unbounded wait did
+    sampler.start()
+    assert _wait(lambda: not sampler.running)
+    assert "sampler thread stopped: OverflowError" in (sampler.last_error or "")
+
+
+def test_concurrent_start_and_stop_leave_no_sampler_thread():
+    """Panel callbacks run on subshell threads: 4 threads x 25 start/stop pairs."""
+    from allocconf_widget.views import monitor
+
+    before = set(_allocconf_threads())
+
+    def churn():
+        for _ in range(25):
+            monitor.start_monitor(interval=0.01, demo=False, renderer="svg")
+            monitor.stop_monitor()
+
+    workers = [threading.Thread(target=churn) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    monitor.stop_monitor()
+    assert _wait(lambda: not (set(_allocconf_threads()) - before))

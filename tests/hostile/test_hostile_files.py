@@ -1,0 +1,84 @@
+"""Every hostile file: exit 2 with a message, no traceback, within 5 s and 1 GiB.
+
+Each case runs the real CLI in a fresh interpreter under an address-space limit,
+for both ``report`` and ``simulate`` (the loaders every front end shares).
+"""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from allocconf_widget.core.snapshot import load_snapshot
+from tests.hostile.bombs import BOMBS, WRONG_SHAPES, valid_snapshot
+
+GiB = 1 << 30
+CASES = {**BOMBS, **WRONG_SHAPES}
+
+
+def _limit_memory() -> None:  # runs in the child before exec
+    resource.setrlimit(resource.RLIMIT_AS, (2 * GiB, 2 * GiB))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("hostile")
+    out = {}
+    for i, (name, build) in enumerate(CASES.items()):
+        out[name] = folder / f"case{i}.pickle"
+        out[name].write_bytes(build())
+    return out
+
+
+def _run_cli(*args: str) -> tuple[subprocess.CompletedProcess[str], float, int]:
+    t0 = time.perf_counter()
+    code = ("import resource, sys\nfrom allocconf_widget.views.cli import main\nrc = main(sys.argv[1:])\n"
+            "print('MAXRSS_KIB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+            "sys.exit(rc)")
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=60, check=False, preexec_fn=_limit_memory)
+    rss = next((int(line.split()[1]) * 1024 for line in done.stderr.splitlines()
+                if line.startswith("MAXRSS_KIB")), 0)
+    return done, time.perf_counter() - t0, rss
+
+
+def test_the_unmutated_control_file_loads():
+    snap = load_snapshot(valid_snapshot())
+    assert len(snap["segments"]) == 1
+
+
+@pytest.mark.parametrize("command", ["report", "simulate"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_hostile_file_exits_2_with_a_message(files, case, command):
+    done, seconds, rss = _run_cli(command, str(files[case]))
+    assert done.returncode == 2, (done.returncode, done.stdout[-500:], done.stderr[-2000:])
+    assert "Traceback" not in done.stderr + done.stdout
+    message = done.stderr.splitlines()[0] if done.stderr else ""
+    assert "error:" in message and len(message) < 1500, message
+    assert seconds < 5, f"{case}: {seconds:.1f} s"
+    assert rss < 1 * GiB, f"{case}: {rss / GiB:.2f} GiB"
+
+
+@pytest.mark.parametrize("case", list(WRONG_SHAPES))
+def test_wrong_shape_names_the_field(files, case):
+    from allocconf_widget._errors import SnapshotError
+
+    with pytest.raises(SnapshotError) as caught:
+        load_snapshot(files[case])
+    text = str(caught.value)
+    assert "segments" in text or "device_traces" in text or "allocator_settings" in text, text
+
+
+def test_limits_can_be_lifted_for_a_genuine_huge_trace(files, monkeypatch):
+    from allocconf_widget._errors import SnapshotError
+
+    with pytest.raises(SnapshotError, match="ALLOCCONF_MAX_SNAPSHOT_MIB"):
+        load_snapshot(files["gzip bomb"])
+    monkeypatch.setenv("ALLOCCONF_MAX_SNAPSHOT_MIB", "1100")
+    with pytest.raises(SnapshotError, match=r"not a readable pickle|not a memory snapshot"):
+        load_snapshot(files["gzip bomb"])  # now expanded, and refused for what it is
