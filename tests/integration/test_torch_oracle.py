@@ -66,7 +66,7 @@ def test_our_generic_keys_match_the_independent_list():
 
 def test_differential_against_torch_parser():
     rng = random.Random(20261202)
-    cases = [make_case(rng, KEYS) for _ in range(6000)]
+    cases = [make_case(rng, KEYS) for _ in range(20_000)]
     accepted_by_us_rejected_by_torch = []
     rejected_well_formed = []
     counts = {"torch_accepts": 0, "we_accept": 0, "well_formed": 0}
@@ -97,3 +97,37 @@ def test_torch_really_accepts_what_we_call_misread(text):
     """Keeps the 'misread' category honest: these must stay accepted by torch itself."""
     assert torch_accepts(text)
     assert not ours_accepts(text)
+
+
+# What Python's str.isspace() calls whitespace but C's std::isspace does not, plus the C
+# whitespace itself, controls, format characters and look-alikes that arrive by copy-paste.
+UNICODE_TRAPS = (
+    [chr(c) for c in range(0x00, 0x20)] + ["\x7f", "\x85", "\xa0", "\u1680"]
+    + [chr(c) for c in range(0x2000, 0x200B)]
+    + ["\u200b", "\u200c", "\u200d", "\u2028", "\u2029", "\u202f", "\u205f", "\u3000",
+       "\ufeff", "\u00ad", "\u2060", "\uff1a", "\uff0c"]
+)
+
+
+def test_unicode_whitespace_and_control_characters_never_falsely_accepted():
+    """>= 3,000 strings with one or two such characters spliced in anywhere: 0 false accepts."""
+    rng = random.Random(3000)
+    base = [make_case(rng, KEYS).text for _ in range(400)]
+    base = [t for t in base if torch_accepts(t)] or ["expandable_segments:True"]
+    false_accepts, torch_rejected, total = [], 0, 0
+    for i in range(3_200):
+        text = base[i % len(base)]
+        for _ in range(1 + i % 2):
+            at = rng.randrange(len(text) + 1)
+            text = text[:at] + rng.choice(UNICODE_TRAPS) + text[at:]
+        total += 1
+        theirs = torch_accepts(text)
+        torch_rejected += not theirs
+        if ours_accepts(text) and not theirs:
+            false_accepts.append(text)
+    print(f"\n{total} unicode/control strings: torch rejected {torch_rejected}, "
+          f"false accepts {len(false_accepts)}")
+    # most splices land in a key, which a CPU build ignores as unknown (so "accepts"): we
+    # reject those on purpose, since the option would silently not apply
+    assert total >= 3_000 and torch_rejected > 200
+    assert false_accepts == []
