@@ -17,13 +17,27 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from allocconf_widget._errors import AllocConfError
+from allocconf_widget._errors import AllocConfError, printable
 from allocconf_widget.core.versions import TorchVersion
 
 CUDA_VAR = "PYTORCH_CUDA_ALLOC_CONF"
 HIP_VAR = "PYTORCH_HIP_ALLOC_CONF"
 ALLOC_VAR = "PYTORCH_ALLOC_CONF"
 ALL_VARS = (CUDA_VAR, HIP_VAR, ALLOC_VAR)
+
+
+def strip_variable_prefix(text: str) -> tuple[str | None, str]:
+    """``PYTORCH_CUDA_ALLOC_CONF=a:1`` (a common paste, ``export`` and quotes too) → (name, ``a:1``)."""
+    body = text.strip()
+    if body.startswith("export "):
+        body = body[len("export "):].lstrip()
+    for name in ALL_VARS:
+        if body.startswith(name) and body[len(name):len(name) + 1] in ("=", ":"):
+            value = body[len(name) + 1:].strip()
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]
+            return name, value
+    return None, text
 
 
 @dataclass(frozen=True)
@@ -126,14 +140,17 @@ def check_environment(environ: Mapping[str, str], version: TorchVersion) -> EnvR
             "split", generic,
             f"torch {version} takes the generic keys from {generic} and the CUDA keys from "
             f"{device}: each half of your settings is read from a different variable"))
-    effective = set_vars.get(device or generic or "")
-    if effective:
+    # each variable torch reads is parsed on its own: with a split, both halves can be wrong
+    for source in dict.fromkeys(n for n in (device, generic) if n is not None):
+        value = set_vars[source]
+        if not value:
+            continue
         try:
-            parse_conf(effective, version, warn=False)
+            parse_conf(value, version, warn=False)
         except AllocConfError as exc:
             problems.append(EnvProblem(
-                "invalid", device or generic or CUDA_VAR,
-                f"{device or generic}={effective!r} is not valid for torch {version}: {exc}. "
+                "invalid", source,
+                f"{source}={printable(repr(value), 200)} is not valid for torch {version}: {exc}. "
                 "torch fails at the first CUDA allocation (some releases already at import, "
                 "pytorch/pytorch#186453)"))
     return EnvReport(version, set_vars, generic, device, tuple(problems))

@@ -21,7 +21,7 @@ NEWEST = (2, 15)
 #: Every release the option schema covers, oldest first.
 KNOWN_RELEASES: tuple[tuple[int, int], ...] = ((1, 13), *((2, m) for m in range(16)))
 
-_VERSION_RE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?([^+\s]*)(?:\+(\S+))?\s*$")
+_VERSION_RE = re.compile(r"^\s*v?(\d{1,6})\.(\d{1,6})(?!\d)(?:\.(\d{1,6})(?!\d))?([^+\s]*)(?:\+(\S+))?\s*$")
 
 
 @dataclass(frozen=True, eq=False)

@@ -34,7 +34,11 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Handler: 0 valid, 2 invalid or bad arguments."""
     from allocconf_widget.core.conf import parse_conf
-    from allocconf_widget.core.envvars import check_environment, variable_to_write
+    from allocconf_widget.core.envvars import (
+        check_environment,
+        strip_variable_prefix,
+        variable_to_write,
+    )
     from allocconf_widget.core.versions import resolve_version
 
     try:
@@ -46,8 +50,12 @@ def run(args: argparse.Namespace) -> int:
     if args.conf is None:
         print("allocconf check: give a configuration string, or --env", file=sys.stderr)
         return 2
+    pasted_var, text = strip_variable_prefix(args.conf)
+    if pasted_var is not None:
+        print(f"note: dropped the variable name {pasted_var}= and checked only its value",
+              file=sys.stderr)
     try:
-        conf = parse_conf(args.conf, version, warn=False)
+        conf = parse_conf(text, version, warn=False)
     except AllocConfError as exc:
         return _fail(args, exc)
     variable = variable_to_write(version, os.environ)
@@ -64,6 +72,11 @@ def run(args: argparse.Namespace) -> int:
     print(conf.to_string())
     for warning in conf.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    if not conf.to_string():
+        print(f"# torch {version}: an empty string means torch's defaults. Do not export an empty "
+              f"variable (it still counts as set and hides the others): unset it with  "
+              f"unset {variable}", file=sys.stderr)
+        return 0
     print(f"# torch {version}: set it with  export {variable}='{conf.to_string()}'",
           file=sys.stderr)
     return 0

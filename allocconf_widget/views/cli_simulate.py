@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import re
 import sys
 import warnings
@@ -71,7 +72,10 @@ def parse_size(text: str) -> int:
     if not match:
         raise ValueError(f"cannot read {text!r} as a size; write bytes or e.g. 80GB, 141GiB, 512MiB")
     number, unit = match.groups()
-    return int(float(number) * _UNITS[(unit or "").lower()])
+    value = float(number) * _UNITS[(unit or "").lower()]
+    if not math.isfinite(value) or value >= 2**64:
+        raise ValueError(f"{text[:40]!r} is larger than any device (2^64 bytes)")
+    return int(value)
 
 
 class _BadInputError(Exception):

@@ -80,3 +80,35 @@ def test_docs_options_page_is_generated_from_the_code():
     generated = cli("options", "--markdown").stdout
     committed = (ROOT / "docs" / "options.md").read_text()
     assert committed == generated, "run: python -m allocconf_widget options --markdown > docs/options.md"
+
+
+def test_check_env_catches_an_invalid_hip_variable_holding_the_generic_keys():
+    env = {k: v for k, v in os.environ.items() if not k.endswith("ALLOC_CONF")}
+    env.update(PYTORCH_HIP_ALLOC_CONF="max_split_size_mb:5", PYTORCH_ALLOC_CONF="expandable_segments:True")
+    done = cli("check", "--env", "--torch-version", "2.11", env=env)
+    assert done.returncode == 2
+    assert "PYTORCH_HIP_ALLOC_CONF='max_split_size_mb:5' is not valid" in done.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ("check", "expandable_segments:True", "--torch-version", "2." + "1" * 4400),
+    ("check", "max_split_size_mb:" + "9" * 5000),
+    ("simulate", "tests/data/streams__default.pickle.gz", "--device-total", "9" * 400),
+])
+def test_huge_numbers_are_a_message_not_a_traceback(args):
+    done = cli(*args)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr and "error" in done.stderr
+    assert len(done.stderr) < 3000
+
+
+def test_a_pasted_variable_name_is_dropped_with_a_note():
+    done = cli("check", "export PYTORCH_CUDA_ALLOC_CONF='expandable_segments:True'")
+    assert done.returncode == 0 and done.stdout.strip() == "expandable_segments:True"
+    assert "dropped the variable name PYTORCH_CUDA_ALLOC_CONF=" in done.stderr
+
+
+def test_an_empty_string_says_unset_not_export_empty():
+    done = cli("check", "")
+    assert done.returncode == 0
+    assert "unset PYTORCH_ALLOC_CONF" in done.stderr and "export" not in done.stderr.split("Do not")[0]
