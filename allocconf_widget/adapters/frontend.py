@@ -1,6 +1,6 @@
 """Which front end runs this kernel, and how to restart it there.
 
-Detection follows notebook.md §9: Colab by ``google.colab`` in ``sys.modules``
+Detection follows docs/internals/notebook_facts.md §9: Colab by ``google.colab`` in ``sys.modules``
 (or its env vars), VS Code by ``VSCODE_PID``/``VSCODE_CWD``, a Jupyter server by
 ``JPY_SESSION_NAME``/``JPY_PARENT_PID`` with a ZMQ shell, terminal IPython by
 its shell class. JupyterLab and Notebook 7 cannot be told apart from the kernel

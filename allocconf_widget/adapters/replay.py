@@ -87,7 +87,7 @@ class ReplaySampler:
         """Replay to the end on the calling thread, no background thread at all.
 
         For front ends that draw only what the running cell's own thread sends
-        (Colab, notebook.md §6): listeners (the view) are called from here.
+        (Colab, docs/internals/notebook_facts.md §6): listeners (the view) are called from here.
         Ctrl-C (KeyboardInterrupt) pauses the replay and propagates.
         """
         self.stop()

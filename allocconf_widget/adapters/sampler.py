@@ -6,7 +6,7 @@ fields are ``None`` when a figure is unavailable, and a :class:`Sampler` that
 calls it from a daemon thread (or from torch's optimizer step hook) and keeps
 the results in a bounded :class:`~allocconf_widget.core.timeline.Timeline`.
 
-Costs and rules (allocator.md §5, §8):
+Costs and rules (docs/internals/allocator_facts.md §5, §8):
 
 * ``torch.cuda.memory_stats(device)`` (0.2-0.3 ms) on every tick, but only once
   ``torch.cuda.is_initialized()``: before that the sample says "waiting for

@@ -4,7 +4,7 @@ torch keeps global post-step hooks in an ``OrderedDict`` and iterates over it
 inside every ``optimizer.step()``. Removing a hook from another thread while
 the training thread iterates raises ``RuntimeError: OrderedDict mutated during
 iteration`` *in the user's training step*, and a monitor's Stop button runs on
-a widget-callback thread (a kernel subshell on ipykernel 7, notebook.md §5),
+a widget-callback thread (a kernel subshell on ipykernel 7, docs/internals/notebook_facts.md §5),
 exactly while training runs. So: one dispatcher hook per process, registered
 on first use; samplers join and leave our own list (iterated as a copy); the
 torch hook is removed only from the main thread when no sampler is left, and

@@ -160,7 +160,10 @@ def set_memory_fraction(torch: ModuleType, fraction: float) -> list[int]:
 
 
 def device_count(torch: ModuleType) -> int:
-    """``torch.cuda.device_count()``: NVML-based where possible, initialises nothing (allocator.md §5)."""
+    """``torch.cuda.device_count()``: NVML-based where possible, initialises nothing.
+
+    See docs/internals/allocator_facts.md §5.
+    """
     if not cuda_built(torch):
         return 0
     try:
@@ -203,7 +206,7 @@ def trace_free_snapshot(torch: ModuleType) -> list[dict[str, Any]]:
 def full_snapshot(torch: ModuleType) -> dict[str, Any]:
     """``torch.cuda.memory._snapshot()`` with whatever history is being recorded.
 
-    With stack history on this can take seconds (allocator.md §8): call it once,
+    With stack history on this can take seconds (docs/internals/allocator_facts.md §8): call it once,
     on demand (the OOM assistant's Save button), never on a timer.
     """
     if not cuda_initialized(torch):
@@ -271,7 +274,7 @@ def add_oom_listener(torch: ModuleType, listener: Any) -> bool:
 
     torch offers no way to detach an observer, so one trampoline is attached per
     process and listeners come and go from its list. Attaching initialises CUDA
-    (allocator.md §9), so this does nothing (returns False) until the program
+    (docs/internals/allocator_facts.md §9), so this does nothing (returns False) until the program
     has initialised CUDA itself.
     """
     attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)

@@ -1,6 +1,6 @@
 """Which environment variable torch reads, in which order, and what is wrong with the current ones.
 
-Facts (allocator.md §1, and measured on an H200 with torch 2.11):
+Facts (docs/internals/allocator_facts.md §1, and measured on an H200 with torch 2.11):
 
 * up to 2.7 only ``PYTORCH_CUDA_ALLOC_CONF`` is read; 2.8–2.9 ROCm builds fall
   back to ``PYTORCH_HIP_ALLOC_CONF``; 2.9's CUDA allocator ignores

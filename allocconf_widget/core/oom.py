@@ -6,7 +6,7 @@ even when the memory is simply all allocated. We parse the numbers instead and
 say which lever, if any, can help: an allocator setting, the per-process
 fraction limit, memory held outside PyTorch, or using less memory.
 
-Message formats handled (allocator.md §9), whitespace and line wrapping ignored:
+Message formats handled (docs/internals/allocator_facts.md §9), whitespace and line wrapping ignored:
 
 * 2.1+: ``Tried to allocate X. GPU d has a total capacity of T of which F is free.
   [Process p has Y memory in use.]* [Including non-PyTorch memory, this process has

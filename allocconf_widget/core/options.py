@@ -1,6 +1,6 @@
 """The allocator option schema: one table drives parsing, validation, controls and help.
 
-Facts come from ``shared/docs/allocator.md`` §3 (torch 1.13 … 2.15 release
+Facts come from docs/internals/allocator_facts.md §3 (torch 1.13 … 2.15 release
 artifacts and source). Every bound that changed between releases is stored
 as version data (:class:`Bound` entries keyed by the first release they apply
 to) rather than as branches in the parser, so adding a torch release means

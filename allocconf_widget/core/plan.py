@@ -141,7 +141,7 @@ def _live_detail(spec: opt.OptionSpec, facts: RuntimeFacts) -> str:
 def setter_string(current: AllocConf, requested: AllocConf, facts: RuntimeFacts) -> str:
     """The complete string for torch's runtime setter.
 
-    Every call resets some options it does not mention (allocator.md §4.5), so
+    Every call resets some options it does not mention (docs/internals/allocator_facts.md §4.5), so
     the whole requested configuration is sent, plus explicit defaults for
     options being unset that the setter would otherwise leave as they were.
     ``backend`` is left out: the setter asserts if it differs from the load-time one.

@@ -1,6 +1,6 @@
 """The replay engine: a pure-Python model of PyTorch's native CUDA caching allocator.
 
-It follows docs/allocator.md §6 (derived from ``CUDACachingAllocator.cpp``):
+It follows docs/internals/allocator_facts.md §6 (derived from ``CUDACachingAllocator.cpp``):
 rounding, small/large pools, best fit per (pool, stream) with the release's
 tie-break, splitting, merging on ``free_completed``, the OOM path, GC and
 expandable segments. Blocks and free lists live in :mod:`.sim_blocks`, the

@@ -1,9 +1,10 @@
 """Giving cached memory back: segment release, the OOM path, GC and ``empty_cache``.
 
 These are torch's ``release_block``, ``release_available_cached_blocks``,
-``release_cached_blocks`` and ``garbage_collect_cached_blocks`` (allocator.md
-§6.8–6.9), as functions of the engine. They run only when a request misses the
-cache (or the trace shows an ``empty_cache()``), never in the hot loop.
+``release_cached_blocks`` and ``garbage_collect_cached_blocks``
+(docs/internals/allocator_facts.md §6.8–6.9), as functions of the engine.
+They run only when a request misses the cache (or the trace shows an
+``empty_cache()``), never in the hot loop.
 """
 
 from __future__ import annotations

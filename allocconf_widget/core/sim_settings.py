@@ -5,7 +5,7 @@ never parses anything and the same object can be built from a parsed
 configuration string, from a snapshot's ``allocator_settings`` read-back, or by
 hand in a test. :class:`EngineRules` turns settings plus a device size into the
 handful of numbers the hot loop compares against; the release differences of
-docs/allocator.md §6.14 live in :meth:`EngineRules.derive` and nowhere else.
+docs/internals/allocator_facts.md §6.14 live in :meth:`EngineRules.derive` and nowhere else.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ ROUND_LARGE = 2 * MIB  # kRoundLarge
 NUM_SLOTS = 16  # kRoundUpPowerOfTwoIntervals
 UNLIMITED = 1 << 64  # stands in for SIZE_MAX (max_split_size unset)
 
-#: The release whose allocator source §6 of allocator.md was written from.
+#: The release whose allocator source §6 of docs/internals/allocator_facts.md was written from.
 DEFAULT_TORCH_VERSION = (2, 12)
 OLDEST_SUPPORTED = (2, 0)
 NEWEST_SUPPORTED = (2, 15)
@@ -244,7 +244,7 @@ class SimSettings:
 class EngineRules:
     """Settings resolved against a torch release and a device: what the engine compares.
 
-    Every version-dependent decision (allocator.md §6.14) is made here once,
+    Every version-dependent decision (docs/internals/allocator_facts.md §6.14) is made here once,
     so the hot loop only reads plain numbers and flags.
     """
 

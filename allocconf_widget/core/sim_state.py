@@ -367,7 +367,7 @@ class _Run:
 
 
 class _SizeRule:
-    """How large the block was that served a request (allocator.md §6.6 split rules)."""
+    """How large the block was that served a request (docs/internals/allocator_facts.md §6.6 split rules)."""
 
     def __init__(self, settings: SimSettings) -> None:
         rules = EngineRules.derive(settings, None)

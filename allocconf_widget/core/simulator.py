@@ -213,7 +213,7 @@ def simulate_many(
     return [simulate(trace, s, **kw) for s, kw in zip(configs, per_config, strict=True)]
 
 
-#: First releases of each set of replay rules (allocator.md §6.14): expandable
+#: First releases of each set of replay rules (docs/internals/allocator_facts.md §6.14): expandable
 #: segments, the d > 1 division rule, max_non_split_rounding, the fraction < 1 GC
 #: precondition, large_segment_size, the registration-counter tie-break.
 RULE_CHANGES = ((2, 0), (2, 1), (2, 4), (2, 6), (2, 10), (2, 11), (2, 12))

@@ -7,7 +7,7 @@ plain types a snapshot holds (dict, list, tuple, str, int, float, bool, None).
 A pickle that names a class or function is refused before anything in it runs.
 
 The TypedDicts mirror the schema in torch's ``_snapshot`` docstring
-(allocator.md §7). torch keeps adding keys, and 2.0 snapshots lack some, so
+(docs/internals/allocator_facts.md §7). torch keeps adding keys, and 2.0 snapshots lack some, so
 only the keys every release writes are required; readers use ``.get``.
 """
 

@@ -312,7 +312,7 @@ def decode_entries(
     initial_state: AllocatorState | None = None,
     start: int = 0,
 ) -> Trace:
-    """Decode a chronological list of trace-entry dicts (see allocator.md §7.4).
+    """Decode a chronological list of trace-entry dicts (see docs/internals/allocator_facts.md §7.4).
 
     With ``initial_state``, its live blocks are known to the decoder (their frees
     replay) and the replay starts from its segments. ``start`` skips entries

@@ -50,7 +50,7 @@ class RoundupDivisions:
         Slot ``i`` covers sizes in ``[2**(20+i), 2**(21+i))``. The first band
         also fills every lower slot. ``>`` fills the slots after the last band
         from 2.10 on; the 2.0–2.9 parser starts it *at* the last band's slot,
-        overwriting that band (allocator.md §3.2).
+        overwriting that band (docs/internals/allocator_facts.md §3.2).
         """
         if self.uniform is not None:
             return (self.uniform,) * ROUNDUP_SLOTS

@@ -127,7 +127,7 @@ def write_snapshot(snapshot: Snapshot, path: str | os.PathLike[str] | None = Non
 def write_live_snapshot(path: str | os.PathLike[str] | None = None, kind: str = "snapshot") -> Path:
     """Save ``torch.cuda.memory._snapshot()`` of this process, once, on demand.
 
-    With stack recording on, torch can take seconds to build it (allocator.md §8),
+    With stack recording on, torch can take seconds to build it (docs/internals/allocator_facts.md §8),
     which is why nothing calls this on a timer. Raises RuntimeError without CUDA.
     """
     from allocconf_widget.adapters import torch_private

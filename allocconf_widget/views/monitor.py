@@ -9,7 +9,7 @@ recording (when there is no GPU, or ``demo=True``; always labelled
 
 Threading: redraws come from the sampler thread (thread mode), the training
 thread (step-synchronous mode) or widget callbacks, which ipykernel 7 may run
-on a subshell thread while a cell is busy (notebook.md §5). All view state is
+on a subshell thread while a cell is busy (docs/internals/notebook_facts.md §5). All view state is
 behind one lock; a redraw already in progress is never waited for (the next
 sample redraws). Redraws are throttled to ``min_update_interval`` (0.5 s: at
 most 2 Hz) and send a decimated payload (≤ 400 points per series), so the bytes

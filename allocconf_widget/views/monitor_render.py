@@ -1,6 +1,6 @@
 """The monitor's chart back ends (inline SVG or plotly ``FigureWidget``) and its status text.
 
-Which renderer works where (notebook.md §4, §6):
+Which renderer works where (docs/internals/notebook_facts.md §4, §6):
 
 ==================  ==================  =============================================
 front end           ``renderer="auto"``  why

@@ -1,6 +1,6 @@
 """The segment map as plain data: rows of pieces (block runs) with hover text, bounded in size.
 
-A snapshot can hold 2,000 segments and 20,000 blocks (allocator.md §8); one bar
+A snapshot can hold 2,000 segments and 20,000 blocks (docs/internals/allocator_facts.md §8); one bar
 per block would make a figure of megabytes. So: adjacent blocks of one state
 become one piece; beyond ``max_rows`` segments the smallest are summed into a
 single row; a row with more pieces than its share of ``max_pieces`` is cut into

@@ -1,7 +1,7 @@
 """The timeline (and a segment strip) as inline SVG inside an HTML string.
 
 This is the renderer for front ends where plotly's ``FigureWidget`` is
-unreliable or absent (Colab, VS Code; notebook.md §4, §6): a core
+unreliable or absent (Colab, VS Code; docs/internals/notebook_facts.md §4, §6): a core
 ``ipywidgets.HTML`` widget whose ``value`` is this string updates live, even
 from a background thread, with no plotly.js and no custom widget manager.
 Pure string building: no plotly, no ipywidgets here.
