@@ -236,3 +236,11 @@ def test_set_before_import_torch_just_works_in_a_fresh_interpreter(tmp_path):
     assert "ENV expandable_segments:True,max_split_size_mb:256" in out
     # torch parsed exactly that string when it first looked
     assert "TORCH expandable_segments:True,max_split_size_mb:256" in out
+
+
+def test_forget_that_cannot_delete_is_a_usage_error(ip, xdg_config_home):
+    target = xdg_config_home / "allocconf_widget" / "settings.json"
+    (target / "inside").mkdir(parents=True)  # a directory where the file should be
+    with pytest.raises(UsageError, match="cannot be removed"):
+        ip.run_line_magic("allocconf", "forget")
+    assert target.is_dir()

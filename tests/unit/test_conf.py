@@ -320,3 +320,14 @@ def test_round_trip_parse_to_string(case):
     assert again.to_string() == conf.to_string()
     assert conf.merge(conf) == conf
     assert conf.diff(again) == ()
+
+
+def test_messages_never_carry_raw_control_characters_or_unbounded_text():
+    from allocconf_widget import AllocConfError as Error
+
+    for text in ("max_split_size_mb:12\x00", "expandable_segments:\x1b[31mTrue",
+                 "garbage_collection_threshold:" + "9" * 50_000):
+        with pytest.raises(Error) as caught:
+            parse_conf(text, "2.13", warn=False)
+        message = str(caught.value)
+        assert message.isprintable() and len(message) < 5000, message[:200]
