@@ -65,16 +65,12 @@ def record(max_entries: int = DEFAULT_MAX_ENTRIES, device: int = 0) -> Iterator[
     kept in ``Recording.error`` and re-raised.
     """
     torch = _torch()
-    memory = torch.cuda.memory
     recording = Recording(torch_version=str(torch.__version__))
-    memory._record_memory_history(enabled="all", context=None, stacks="python",
-                                  max_entries=max_entries)
+    torch_private.record_history(torch, max_entries=max_entries)
     # What the allocator already holds: blocks allocated in earlier cells and cached free
     # segments. The trace only has what happens from now on; the simulator starts from this.
-    try:
-        initial = torch.cuda.memory_snapshot(include_traces=False)  # 2.11+: skip the ring buffer
-    except TypeError:
-        initial = torch.cuda.memory_snapshot()
+    initial = (torch_private.trace_free_snapshot(torch) if torch_private.cuda_initialized(torch)
+               else [])
     torch.cuda.reset_peak_memory_stats(device)
     free, total = torch.cuda.mem_get_info(device)
     recording.free_at_start, recording.device_total = int(free), int(total)
@@ -87,12 +83,12 @@ def record(max_entries: int = DEFAULT_MAX_ENTRIES, device: int = 0) -> Iterator[
     finally:
         recording.seconds = time.perf_counter() - started
         try:
-            recording.snapshot = memory._snapshot()
+            recording.snapshot = torch_private.snapshot_with_history(torch)
             recording.snapshot[INITIAL_SEGMENTS_KEY] = initial
             recording.peak_reserved = int(torch.cuda.memory_stats(device).get(
                 "reserved_bytes.all.peak", 0))
         finally:
-            memory._record_memory_history(enabled=None)
+            torch_private.record_history(torch, max_entries=None)
         if recording.events >= max_entries:
             recording.notes.append(
                 f"the trace filled its {max_entries:,}-event buffer: older events were dropped, "

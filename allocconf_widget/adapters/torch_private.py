@@ -214,6 +214,21 @@ def full_snapshot(torch: ModuleType) -> dict[str, Any]:
     return dict(torch.cuda.memory._snapshot())
 
 
+def record_history(torch: ModuleType, *, max_entries: int | None, stacks: str = "python") -> None:
+    """Start (``max_entries``) or stop (None) torch's allocation-history ring buffer."""
+    memory = torch.cuda.memory
+    if max_entries is None:
+        memory._record_memory_history(enabled=None)
+    else:
+        memory._record_memory_history(enabled="all", context=None, stacks=stacks,
+                                      max_entries=max_entries)
+
+
+def snapshot_with_history(torch: ModuleType) -> dict[str, Any]:
+    """``torch.cuda.memory._snapshot()`` as it stands (the recorder's end-of-cell capture)."""
+    return dict(torch.cuda.memory._snapshot())
+
+
 def mem_get_info(torch: ModuleType, device: int) -> tuple[int, int] | None:
     """``(free, total)`` of a device this process already has a context on; None otherwise.
 
