@@ -11,6 +11,7 @@ import argparse
 import json
 from typing import Any
 
+from allocconf_widget._errors import SnapshotError
 from allocconf_widget.views.monitor_render import RENDERERS
 
 
@@ -103,92 +104,18 @@ def _status(view: Any) -> dict[str, Any]:
 # ----------------------------------------------------------------- report
 
 
-def _live_snapshot() -> tuple[dict[str, Any] | None, str]:
-    """``{"segments": [...]}`` of this process (trace-free), or None and why not."""
-    from allocconf_widget.adapters import torch_private
-
-    torch = torch_private.imported_torch()
-    if torch is None:
-        return None, "torch is not imported"
-    if not torch_private.cuda_built(torch):
-        return None, "this torch build has no CUDA"
-    if not torch_private.cuda_initialized(torch):
-        return None, "CUDA is not initialised yet (looking now would freeze the allocator settings)"
-    try:
-        segments = torch_private.trace_free_snapshot(torch)
-    except RuntimeError as exc:  # backend:cudaMallocAsync
-        return None, f"memory_snapshot() is not available: {exc}"
-    settings = torch_private.effective_settings(torch)
-    snapshot: dict[str, Any] = {"segments": segments}
-    if settings is not None:
-        snapshot["allocator_settings"] = settings
-    return snapshot, "live"
-
-
-_ROWS = (
-    ("reserved", "reserved_bytes", "bytes"),
-    ("allocated", "allocated_bytes", "bytes"),
-    ("active", "active_bytes", "bytes"),
-    ("inactive (cached, free)", "inactive_bytes", "bytes"),
-    ("largest free block", "largest_free_block_bytes", "bytes"),
-    ("external fragmentation", "external_fragmentation", "pct"),
-    ("internal fragmentation", "internal_fragmentation_bytes", "bytes"),
-    ("segments", "segment_count", "int"),
-    ("blocks", "block_count", "int"),
-)
-
-
-def _cell(value: Any, kind: str) -> str:
-    from allocconf_widget.core.metrics import format_bytes
-
-    if kind == "bytes":
-        return format_bytes(value)
-    if kind == "pct":
-        return f"{value * 100:.1f}%"
-    return f"{value:,}"
-
-
-def report_text(label: str, per_device: dict[int, Any]) -> str:
-    """A table per device: total plus one column per pool."""
-    lines = [label]
-    if not per_device:
-        lines.append("no segments: the allocator holds no memory")
-    for index, dm in per_device.items():
-        columns = [("total", dm.total), *dm.pools.items()]
-        header = ["", *(name for name, _m in columns)]
-        rows = [[title] + [_cell(getattr(m, key), kind) for _n, m in columns]
-                for title, key, kind in _ROWS]
-        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-        lines += ["", f"device {index}"]
-        for row in [header, *rows]:
-            lines.append("  " + row[0].ljust(widths[0]) + "  "
-                         + "  ".join(c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)))
-    lines.append("\nexternal fragmentation = 1 - largest free block / inactive (docs/metrics.md)")
-    return "\n".join(lines)
-
-
 def run_report(args: argparse.Namespace, _ctx: Any) -> dict[str, Any]:
     """``%allocconf report [--device N] [--json]``: returns the JSON document (with ``source``)."""
-    from allocconf_widget.core.metrics import metrics_json, snapshot_metrics
+    from allocconf_widget.app.report import report_live
+    from allocconf_widget.views.report_text import render_report
 
-    snapshot, why = _live_snapshot()
-    if snapshot is not None:
-        source, label = "live", "this process, now (memory_snapshot without trace)"
-    else:
-        from allocconf_widget.core.recording import load_demo
-
-        demo = load_demo()
-        snapshot = dict(demo.snapshot())
-        source, label = "recording", f"{demo.label} (no live CUDA allocator here: {why})"
-    devices = sorted({seg.get("device", 0) for seg in snapshot["segments"]})
-    if args.device is not None and args.device not in devices:
-        listed = ", ".join(map(str, devices)) or "none"
-        raise _usage(f"--device {args.device} has no segments in {source} data "
-                     f"(devices with segments: {listed})")
-    per_device = snapshot_metrics(snapshot, args.device)  # type: ignore[arg-type]
-    document = {"source": source, "label": label, **metrics_json(per_device)}
+    try:
+        report = report_live(device=args.device)
+    except SnapshotError as exc:
+        raise _usage(f"--device {args.device}: {exc}") from None
+    document = report.to_json()
     if args.json:
         print(json.dumps(document, indent=2))
     else:
-        print(report_text(label, per_device))
+        print(render_report(report), end="")
     return document

@@ -74,3 +74,21 @@ def test_report_json_prints_the_same_document(ip, capsys):
 def test_monitor_interval_without_bound_is_a_usage_error(ip, value):
     with pytest.raises(UsageError, match="too long"):
         ip.run_line_magic("allocconf", f"monitor start --interval {value}")
+
+
+def test_cli_and_magic_print_the_same_table_for_the_same_recording(ip, capsys):
+    """One renderer: the magic's report of the bundled recording equals the CLI's of its file."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import allocconf_widget
+
+    ip.run_line_magic("allocconf", "report")
+    magic_out = capsys.readouterr().out
+    demo = Path(allocconf_widget.__file__).parent / "data" / "demo_cnn_h200.pickle.gz"
+    cli = subprocess.run([sys.executable, "-m", "allocconf_widget", "report", str(demo)],
+                         capture_output=True, text=True, check=True).stdout
+    # everything but the first line (the label: which file, or which recording) is the same
+    assert magic_out.splitlines()[1:] == cli.splitlines()[1:]
+    assert "segsum: external free" in magic_out
