@@ -371,22 +371,6 @@ def metrics_json(
 
 # ----------------------------------------------------------------- formatting
 
-_UNITS = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
-
-
-def format_bytes(size: int | float) -> str:
-    """Binary units with two decimals (``1.51 GiB``), like torch's own messages.
-
-    >>> format_bytes(1536 * 1024 * 1024)
-    '1.50 GiB'
-    >>> format_bytes(512)
-    '512 bytes'
-    """
-    magnitude = abs(size)
-    for factor, unit in _UNITS:
-        if magnitude >= factor:
-            return f"{size / factor:.2f} {unit}"
-    return f"{int(size)} bytes"
 
 
 # ----------------------------------------------------------------- memory_stats()

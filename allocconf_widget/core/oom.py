@@ -25,7 +25,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from allocconf_widget.core.metrics import format_bytes
+from allocconf_widget.core.units import format_bytes
 
 MIB = 1 << 20
 GIB = 1 << 30

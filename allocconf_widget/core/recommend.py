@@ -22,17 +22,7 @@ from allocconf_widget.core.sim_result import Fidelity, SimResult
 from allocconf_widget.core.sim_settings import MIB, SimSettings, parse_torch_version
 from allocconf_widget.core.simulator import simulate_many
 from allocconf_widget.core.trace import Trace
-
-_GB = 1_000_000_000
-
-
-def format_bytes(n: int) -> str:
-    """Decimal GB from 1 GB up (as §6.17 reports measurements), MiB below."""
-    if abs(n) >= _GB:
-        return f"{n / _GB:.1f} GB"
-    if n % MIB == 0:
-        return f"{n // MIB} MiB"
-    return f"{n / MIB:.1f} MiB"
+from allocconf_widget.core.units import format_bytes
 
 
 @dataclass(frozen=True)

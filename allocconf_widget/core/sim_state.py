@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from allocconf_widget.core.sim_settings import SMALL_BUFFER, SMALL_SIZE, EngineRules, SimSettings, round_size
+from allocconf_widget.core.units import format_bytes
 
 #: Snapshot key written by ``adapters/recorder.py``: ``memory_snapshot()`` at recording start.
 INITIAL_SEGMENTS_KEY = "allocconf_initial_segments"
@@ -45,7 +46,6 @@ FREE = "inactive"
 RECORDED = "recorded"
 RECONSTRUCTED = "reconstructed"
 
-_GB = 1_000_000_000
 
 
 class ReconstructionError(ValueError):
@@ -700,9 +700,7 @@ def pool_id_of_entry(entry: Mapping[str, Any]) -> tuple[int, int]:
 
 
 def _fmt(n: int) -> str:
-    if n >= _GB:
-        return f"{n / _GB:.1f} GB"
-    return f"{n / (1 << 20):.0f} MiB"
+    return format_bytes(n)
 
 
 def _first_diff(a: tuple[Any, ...], b: tuple[Any, ...]) -> str:

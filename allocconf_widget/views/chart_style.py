@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from allocconf_widget.core.metrics import format_bytes
+from allocconf_widget.core.units import format_bytes
 
 BYTE_SERIES: tuple[str, ...] = ("reserved", "allocated", "active", "non_pytorch")
 """Byte series drawn on the left axis, back to front."""

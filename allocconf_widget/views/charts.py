@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from allocconf_widget.core.metrics import format_bytes
 from allocconf_widget.core.timeline import Marker, RenderPayload
+from allocconf_widget.core.units import format_bytes
 from allocconf_widget.views.chart_style import (
     BYTE_SERIES,
     COLORS,

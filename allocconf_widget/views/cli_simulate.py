@@ -102,43 +102,19 @@ def run(args: argparse.Namespace) -> int:
 def _torch_version(args: argparse.Namespace, snapshot: Any, trace: Any, *,
                    device_total: int | None, non_pytorch: int) -> tuple[int, int]:
     """--torch-version, else the release whose rules best reproduce the trace."""
-    from allocconf_widget.core.sim_settings import NEWEST_SUPPORTED, parse_torch_version
-    from allocconf_widget.core.simulator import infer_torch_version
-    from allocconf_widget.core.trace import guess_torch_version
+    from allocconf_widget.app.simulate import trace_torch_version
+    from allocconf_widget.core.sim_settings import parse_torch_version
 
     if args.torch_version:
         try:
             return parse_torch_version(args.torch_version)
         except ValueError as exc:
             raise _BadInputError(f"--torch-version: {exc}") from None
-    floor, why = guess_torch_version(snapshot)
-    installed = _installed_torch()
-    prefer = installed if installed is not None and installed <= NEWEST_SUPPORTED else None
-    readback = snapshot.get("allocator_settings")
-    version, fidelity = infer_torch_version(
-        trace, readback if isinstance(readback, dict) else None, floor=floor, prefer=prefer,
-        device_total=device_total, non_pytorch_bytes=non_pytorch, fraction=args.fraction)
-    shown = f"{version[0]}.{version[1]}"
-    if fidelity is None:
-        _note(f"snapshots do not record the torch version and this trace has no segment events "
-              f"to infer it from; assuming {shown} ({why}); pass --torch-version")
-    else:
-        _note(f"snapshots do not record the torch version; using the rules of torch {shown}, "
-              f"which reproduce this trace best ({fidelity.summary()}); pass --torch-version "
-              "to override")
-    return version
-
-
-def _installed_torch() -> tuple[int, int] | None:
-    """The installed torch's version from package metadata, without importing torch."""
-    from importlib import metadata
-
-    try:
-        text = metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return None
-    parts = re.findall(r"\d+", text)
-    return (int(parts[0]), int(parts[1])) if len(parts) >= 2 else None
+    choice = trace_torch_version(snapshot, trace, device_total=device_total,
+                                 non_pytorch_bytes=non_pytorch, fraction=args.fraction)
+    if choice.note:
+        _note(f"{choice.note}; pass --torch-version to override")
+    return choice.version
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -194,7 +170,7 @@ def _run(args: argparse.Namespace) -> int:
         usable = trace.inferred_usable_bytes()
         if usable is not None:
             device_total, non_pytorch = usable, 0
-            from allocconf_widget.core.recommend import format_bytes
+            from allocconf_widget.core.units import format_bytes
 
             _note(f"no --device-total: using {format_bytes(usable)} usable, inferred from the "
                   "OOM recorded in the trace")
@@ -282,7 +258,7 @@ def _recommend(args: argparse.Namespace, trace: Any, version: tuple[int, int], *
 
 def _render(args: argparse.Namespace, trace: Any, version: tuple[int, int], *,
             device_total: int | None, labels: list[str], results: list[Any], fidelity: Any) -> str:
-    from allocconf_widget.core.recommend import format_bytes
+    from allocconf_widget.core.units import format_bytes
 
     fid = fidelity
     lines = [

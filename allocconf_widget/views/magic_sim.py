@@ -13,8 +13,7 @@ import argparse
 from typing import Any
 
 from allocconf_widget._errors import RuntimeStateError, SnapshotError
-
-RECORDING_KEY = "recording"
+from allocconf_widget.app.simulate import RECORDING_KEY
 
 
 def register(subparsers: Any) -> None:
@@ -62,59 +61,20 @@ def run_record(args: argparse.Namespace, ctx: Any) -> Any:
     return rec
 
 
-def trace_source(session: Any, path: str | None = None, demo: bool = False) -> tuple[Any, str, dict]:
-    """(snapshot, label, context) for the simulator: a file, the last recording, or the demo.
-
-    ``context`` holds the recording's torch release and, when known, the device
-    capacity the replay should respect.
-    """
-    from allocconf_widget.core.snapshot import load_snapshot
-    from allocconf_widget.core.versions import default_version
-
-    if path:
-        return load_snapshot(path), path, {"torch_version": default_version().key}
-    rec = session.extras.get(RECORDING_KEY)
-    if rec is not None and rec.snapshot is not None and not demo:
-        # Memory in use when recording started, less what the allocator already held (the
-        # replay starts from those segments), is memory outside PyTorch's allocator.
-        from allocconf_widget.core.sim_state import INITIAL_SEGMENTS_KEY
-
-        held = sum(int(seg.get("total_size", 0)) for seg in rec.snapshot.get(INITIAL_SEGMENTS_KEY) or ()
-                   if isinstance(seg, dict) and seg.get("device", 0) == 0)
-        return rec.snapshot, "the last %%allocconf record", {
-            "torch_version": rec.torch_version, "device_total": rec.device_total,
-            "non_pytorch_bytes": max((rec.device_total or 0) - (rec.free_at_start or 0) - held, 0)}
-    from allocconf_widget.core.recording import load_demo
-
-    demo_rec = load_demo()
-    return demo_rec.snapshot(), f"the bundled recording ({demo_rec.description})", {
-        "torch_version": demo_rec.torch_version, "device_total": demo_rec.device_total_bytes,
-        "non_pytorch_bytes": demo_rec.non_pytorch_bytes or 0}
-
-
 def run_simulate(args: argparse.Namespace, ctx: Any) -> Any:
-    from allocconf_widget.core.recommend import recommend
-    from allocconf_widget.core.simulator import SimSettings, extract_trace
-    from allocconf_widget.core.snapshot import allocator_settings
+    from allocconf_widget.app.simulate import trace_source, what_if
 
     try:
-        snapshot, label, context = trace_source(ctx.session, args.trace, args.demo)
-        trace = extract_trace(snapshot)
+        report = what_if(trace_source(ctx.session, args.trace, args.demo), extra_confs=args.conf,
+                         fraction=args.fraction)
     except SnapshotError as exc:
         raise RuntimeStateError(str(exc)) from None
-    version = context.pop("torch_version")
-    settings = allocator_settings(snapshot)
-    current = SimSettings.from_allocator_settings(settings, version) if settings else None
-    result = recommend(trace, torch_version=version, current_settings=current,
-                       current_conf=(settings or {}).get("PYTORCH_CUDA_ALLOC_CONF"),
-                       extra_confs=args.conf, fraction=args.fraction, **context)
-    print(f"What if? Replaying {label} ({trace.num_events:,} events) under "
-          f"{len(result.candidates)} settings.")
-    if result.fidelity is not None:
-        print(f"Model check on the recorded settings: {result.fidelity.summary()}")
+    result = report.recommendation
+    for line in report.headline():
+        print(line)
     for cand in result.candidates:
         print(f"  {cand.conf or '(torch defaults)'}: {cand.reason}")
-    for note in result.notes:
+    for note in (*report.notes, *result.notes):
         print(f"note: {note}")
     ctx.session.extras["whatif"] = result
     return result

@@ -418,7 +418,7 @@ class MonitorView:
                 self._oom_listener_on = torch_private.add_oom_listener(torch, self._on_oom)
 
     def _on_oom(self, device: int, alloc: int, _total: int, free: int) -> None:
-        from allocconf_widget.core.metrics import format_bytes
+        from allocconf_widget.core.units import format_bytes
 
         now = time.monotonic()
         if now - self._oom_seen_at < 0.5:  # torch may call the observer several times per failure

@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from allocconf_widget.adapters.frontend import Frontend
-from allocconf_widget.core.metrics import format_bytes
 from allocconf_widget.core.timeline import RenderPayload
+from allocconf_widget.core.units import format_bytes
 from allocconf_widget.views.chart_style import format_value, format_x
 
 RENDERERS = ("auto", "figurewidget", "svg")

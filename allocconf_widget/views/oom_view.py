@@ -30,7 +30,6 @@ from html import escape
 from typing import Any
 
 from allocconf_widget.adapters import torch_private
-from allocconf_widget.core.metrics import format_bytes
 from allocconf_widget.core.oom import (
     Advice,
     MemoryBreakdown,
@@ -40,6 +39,7 @@ from allocconf_widget.core.oom import (
     breakdown_from_stats,
     parse_oom_message,
 )
+from allocconf_widget.core.units import format_bytes
 
 _PART_COLORS = {
     "allocated by PyTorch": "#ff7f0e",

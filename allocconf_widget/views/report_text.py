@@ -8,8 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from allocconf_widget.app.report import MemoryReport
-from allocconf_widget.core.metrics import DeviceMetrics, Metrics, format_bytes
+from allocconf_widget.core.metrics import DeviceMetrics, Metrics
 from allocconf_widget.core.snapshot import Snapshot, allocator_settings, devices_in, has_trace
+from allocconf_widget.core.units import format_bytes
 
 
 def _pct(value: float) -> str:

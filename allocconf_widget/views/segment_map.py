@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
-from allocconf_widget.core.metrics import format_bytes, pool_label
+from allocconf_widget.core.metrics import pool_label
 from allocconf_widget.core.snapshot import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, INACTIVE
+from allocconf_widget.core.units import format_bytes
 from allocconf_widget.views.chart_style import STATE_COLORS, STATE_LABELS
 
 STATES = (ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, INACTIVE)

@@ -17,8 +17,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from html import escape
 
-from allocconf_widget.core.metrics import SegmentFill, format_bytes
+from allocconf_widget.core.metrics import SegmentFill
 from allocconf_widget.core.timeline import Marker, RenderPayload
+from allocconf_widget.core.units import format_bytes
 from allocconf_widget.views.chart_style import (
     BYTE_SERIES,
     COLORS,

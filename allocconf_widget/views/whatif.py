@@ -18,7 +18,7 @@ import html
 import threading
 from typing import Any
 
-from allocconf_widget.core.metrics import format_bytes
+from allocconf_widget.core.units import format_bytes
 from allocconf_widget.views.chart_style import COLORS
 
 
@@ -107,7 +107,7 @@ class WhatIfView:
         self._describe_source()
 
     def _describe_source(self) -> None:
-        from allocconf_widget.views.magic_sim import RECORDING_KEY
+        from allocconf_widget.app.simulate import RECORDING_KEY
 
         rec = self.session.extras.get(RECORDING_KEY)
         self.source.value = ("<i>trace: the last %%allocconf record</i>" if rec is not None
@@ -116,22 +116,16 @@ class WhatIfView:
 
     def run(self) -> Any:
         """Replay the candidates and render the comparison."""
-        from argparse import Namespace
-
-        from allocconf_widget.views.magic_sim import run_simulate
+        from allocconf_widget.app.simulate import trace_source, what_if
 
         with self._lock:
             self.run_button.disabled = True
             self.summary.value = "<i>Replaying the trace under each candidate…</i>"
             try:
-                ctx = Namespace(session=self.session, shell=None, cell=None)
-                args = Namespace(trace=None, conf=[], demo=False, fraction=None)
-                import contextlib
-                import io
-
-                with contextlib.redirect_stdout(io.StringIO()) as printed:
-                    self.recommendation = run_simulate(args, ctx)
-                self._render(printed.getvalue())
+                report = what_if(trace_source(self.session))
+                self.recommendation = report.recommendation
+                self.session.extras["whatif"] = report.recommendation
+                self._render(report.headline(), report.notes)
             except Exception as exc:  # shown in the tab; never breaks the panel
                 self.summary.value = f"<span style='color:#b00020'>✖ {html.escape(str(exc))}</span>"
             finally:
@@ -139,12 +133,11 @@ class WhatIfView:
                 self._describe_source()
         return self.recommendation
 
-    def _render(self, printed: str) -> None:
+    def _render(self, header: list[str], source_notes: tuple[str, ...] = ()) -> None:
         import ipywidgets as W
 
         rec = self.recommendation
-        header = printed.splitlines()[:2]
-        notes = [html.escape(n) for n in rec.notes]
+        notes = [html.escape(n) for n in (*source_notes, *rec.notes)]
         self.summary.value = "<br>".join([html.escape(h) for h in header] + notes)
         runs = _runs(rec)
         self.charts.children = self._charts(runs)

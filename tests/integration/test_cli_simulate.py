@@ -194,7 +194,7 @@ def test_mid_run_recording_says_the_replay_starts_from_its_recorded_state() -> N
     result = _simulate_cli(nb, "--torch-version", "2.11", "--conf", "max_split_size_mb:128")
     assert result.returncode == 0, result.stderr
     assert "start: the replay starts from the allocator state recorded when the trace began " \
-           "(41 segments, 1.5 GB reserved" in result.stdout
+           "(41 segments, 1.43 GiB reserved" in result.stdout
     assert "starts from a recorded allocator state" in result.stdout
     doc = json.loads(_simulate_cli(nb, "--torch-version", "2.11", "--json").stdout)[0]
     assert doc["initial_state"] == {"source": "recorded", "reserved_bytes": 1_530_920_960,

@@ -21,7 +21,9 @@ from allocconf_widget.adapters import persist
 
 @pytest.fixture(scope="module")
 def ip():
-    shell = start_ipython()
+    from IPython import get_ipython
+
+    shell = start_ipython() or get_ipython()  # started once per process, whichever module is first
     shell.run_line_magic("load_ext", "allocconf_widget")
     yield shell
     shell.run_line_magic("unload_ext", "allocconf_widget")

@@ -15,13 +15,13 @@ from allocconf_widget.core.metrics import (
     STATS_METRIC_KEYS,
     Metrics,
     device_metrics,
-    format_bytes,
     metrics_json,
     segment_metrics,
     snapshot_metrics,
     stats_metrics,
 )
 from allocconf_widget.core.snapshot import load_snapshot, segments_of
+from allocconf_widget.core.units import format_bytes
 from tests.snapshot_builders import GIB, MIB, block, legacy_segment, segment, snapshot
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"

@@ -97,9 +97,9 @@ def test_extra_confs_are_validated() -> None:
 
 
 def test_format_bytes() -> None:
-    assert format_bytes(21_500_000_000) == "21.5 GB"
-    assert format_bytes(20 * MiB) == "20 MiB"
-    assert format_bytes(1_500_000) == "1.4 MiB"
+    assert format_bytes(21_500_000_000) == "20.02 GiB"  # one unit system: binary everywhere
+    assert format_bytes(20 * MiB) == "20.00 MiB"
+    assert format_bytes(1_500_000) == "1.43 MiB"
 
 
 def test_recorded_cnn_trace_prefers_expandable_segments() -> None:
