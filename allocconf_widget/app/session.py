@@ -32,7 +32,7 @@ from allocconf_widget.adapters import persist
 from allocconf_widget.adapters.apply import ApplyResult, apply, current_conf, preview
 from allocconf_widget.adapters.runtime_state import Phase, RuntimeState, detect_state
 from allocconf_widget.core.conf import AllocConf, check_option_name, parse_conf
-from allocconf_widget.core.plan import Action, OptionPlan
+from allocconf_widget.core.plan import OptionPlan
 
 Listener = Callable[[], None]
 
@@ -51,12 +51,6 @@ class ConfigView:
     def has_changes(self) -> bool:
         """True when Apply would change something the user asked for."""
         return self.staged != self.applied
-
-    @property
-    def restart_pending(self) -> bool:
-        """The applied configuration holds a ``backend`` this process cannot take any more."""
-        return self.applied.get("backend") != self.effective.get("backend") and (
-            self.state.phase is not Phase.NOT_IMPORTED)
 
 
 @dataclass(frozen=True)
@@ -237,11 +231,6 @@ class Session:
             listeners = list(self._listeners)
         for listener in listeners:
             listener()
-
-
-def restart_needed(plans: tuple[OptionPlan, ...]) -> bool:
-    """Whether one of ``plans`` waits for a kernel restart."""
-    return any(p.action is Action.NEEDS_RESTART for p in plans)
 
 
 _SESSIONS: dict[int, Session] = {}
