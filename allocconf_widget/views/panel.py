@@ -110,7 +110,7 @@ class Panel:
             if saved is not None and not saved.saved:
                 lines.append(f"<span style='color:#b00020'>⚠ {html.escape(saved.message())}</span>")
             self.result.value = "<b>Applied.</b><br>" + "<br>".join(lines)
-            self._session_changed()
+            # the rows, string and banner were re-rendered by the session's notification
 
     def _restart_clicked(self, _button: Any) -> None:
         from allocconf_widget.adapters.frontend import restart
