@@ -25,6 +25,7 @@ thread (every public method takes the timeline's lock).
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -229,11 +230,13 @@ def _bin(items: list[Bucket], max_points: int) -> list[Bucket]:
         for item in items[1:]:
             merged.absorb(item)
         return [merged]
-    scale = max_points / (hi - lo)
+    span = hi - lo
     out: list[Bucket] = []
     current_bin = -1
     for item in items:
-        index = min(max_points - 1, int((item.x - lo) * scale))
+        # divide first: max_points / span overflows to inf for a subnormal span, and inf * 0 is NaN
+        fraction = (item.x - lo) / span
+        index = min(max_points - 1, int(fraction * max_points)) if math.isfinite(fraction) else 0
         if index != current_bin or not out:
             out.append(item.copy())
             current_bin = index

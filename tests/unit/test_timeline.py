@@ -192,3 +192,11 @@ def test_concurrent_writers_and_readers_do_not_corrupt_the_store():
     assert not errors
     assert tl.stored_points(0) <= 64
     assert tl.render(0).peaks["reserved"] == 999
+
+
+def test_a_subnormal_time_span_renders():
+    """Found by hypothesis in CI: a span of 2.2e-313 s made max_points / span infinite (NaN bins)."""
+    tl = Timeline(max_points=8)
+    _fill(tl, [(0.0, 0, 0), (0.0, 0, 0), (2.2250738585e-313, 0, 0)])
+    payload = tl.render(0, max_points=2)
+    assert 1 <= len(payload.x) <= 2
