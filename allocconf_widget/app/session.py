@@ -109,7 +109,9 @@ class Session:
 
     def applied(self, state: RuntimeState | None = None) -> AllocConf:
         """The last complete configuration applied here, unless the environment changed since."""
-        effective = self.current(state)
+        return self._applied_given(self.current(state))
+
+    def _applied_given(self, effective: AllocConf) -> AllocConf:
         with self.lock:
             if self._applied is not None and self._applied_env == effective:
                 return self._applied
@@ -125,7 +127,7 @@ class Session:
         state = self.state()
         effective = current_conf(state)
         with self.lock:
-            applied = self.applied(state)
+            applied = self._applied_given(effective)
             staged = self._staged if self._staged is not None else applied
         plans = preview(staged, state) if staged != applied else ()
         return ConfigView(state, effective, applied, staged, plans)

@@ -81,8 +81,10 @@ class Panel:
     # -- callbacks (any thread) --------------------------------------------------
     def _edited(self, name: str, value: str | None) -> None:
         with self._lock:
-            self.model.set_option(name, value)
-            self._refresh_status()
+            # a valid edit is staged, and the session's notification re-renders the panel;
+            # only an invalid one (nothing staged, nothing notified) needs its message shown here
+            if self.model.set_option(name, value) is not None:
+                self._refresh_status()
 
     def _refresh_status(self) -> None:
         status = self.model.status()
