@@ -32,19 +32,19 @@ def __getattr__(name: str) -> Any:
     if name in ("parse_conf", "AllocConf"):
         import importlib
 
-        return getattr(importlib.import_module("allocconf_widget.core.conf"), name)
+        return getattr(importlib.import_module("allocconf_widget.core.config.conf"), name)
     raise AttributeError(f"module 'allocconf_widget' has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython: Any) -> None:
     """Entry point for ``%load_ext allocconf_widget``."""
-    from allocconf_widget.views.magic import load_extension
+    from allocconf_widget.views.magic.extension import load_extension
 
     load_extension(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     """Entry point for ``%unload_ext allocconf_widget``."""
-    from allocconf_widget.views.magic import unload_extension
+    from allocconf_widget.views.magic.extension import unload_extension
 
     unload_extension(ipython)

@@ -2,6 +2,6 @@
 
 import sys
 
-from allocconf_widget.views.cli import main
+from allocconf_widget.views.cli.main import main
 
 sys.exit(main())

@@ -1,5 +1,5 @@
 """Where the CUDA driver puts the caching allocator's segments, and how well the replay's
-synthetic address model (``sim_engine.AddressSpace``) reproduces it.
+synthetic address model (``core/sim/engine.AddressSpace``) reproduces it.
 
 Addresses matter to the simulator only through torch ≤ 2.11's equal-size tie-break (the
 lower address wins). Replaying a run under its own settings reuses the recorded segment
@@ -40,12 +40,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _table import print_table  # noqa: E402
 
-from allocconf_widget.core import sim_engine  # noqa: E402
-from allocconf_widget.core.sim_engine import VA_ALIGN, AddressSpace, Engine  # noqa: E402
-from allocconf_widget.core.sim_result import compare_segments  # noqa: E402
-from allocconf_widget.core.sim_settings import SimSettings  # noqa: E402
-from allocconf_widget.core.snapshot import load_snapshot  # noqa: E402
-from allocconf_widget.core.trace import Trace, extract_trace  # noqa: E402
+from allocconf_widget.core.memory.snapshot import load_snapshot  # noqa: E402
+from allocconf_widget.core.sim import engine as sim_engine  # noqa: E402
+from allocconf_widget.core.sim.engine import VA_ALIGN, AddressSpace, Engine  # noqa: E402
+from allocconf_widget.core.sim.result import compare_segments  # noqa: E402
+from allocconf_widget.core.sim.settings import SimSettings  # noqa: E402
+from allocconf_widget.core.sim.trace import Trace, extract_trace  # noqa: E402
 
 MiB = 1 << 20
 SMALL_SEGMENT = 2 * MiB  # small-pool segments are exactly 2 MiB; large ones never are

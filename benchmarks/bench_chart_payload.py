@@ -29,9 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from allocconf_widget.core.timeline import Timeline
-from allocconf_widget.views.monitor_render import FIGURE_POINTS, SVG_POINTS
-from allocconf_widget.views.svgchart import timeline_svg
+from allocconf_widget.core.memory.timeline import Timeline
+from allocconf_widget.views.charts.monitor_render import FIGURE_POINTS, SVG_POINTS
+from allocconf_widget.views.charts.svg import timeline_svg
 
 GIB = 1 << 30
 RATE_HZ = 10
@@ -97,7 +97,7 @@ def svg_update(tl: Timeline) -> tuple[int, float]:
 def figure_updates(tl: Timeline, widget: object, comm: RecordingComm) -> tuple[int, float, int]:
     import plotly.graph_objects as go  # noqa: F401
 
-    from allocconf_widget.views.charts import timeline_figure, update_timeline_figure
+    from allocconf_widget.views.charts.figures import timeline_figure, update_timeline_figure
 
     payload = tl.render(0, max_points=FIGURE_POINTS)
     before = len(comm.sent)
@@ -113,7 +113,7 @@ def make_figure_widget(tl: Timeline) -> tuple[object, RecordingComm] | None:
         import comm as comm_pkg
         import plotly.graph_objects as go
 
-        from allocconf_widget.views.charts import timeline_figure
+        from allocconf_widget.views.charts.figures import timeline_figure
     except ImportError:
         return None
     holder: list[RecordingComm] = []

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from allocconf_widget._errors import SnapshotError
-from allocconf_widget.core.metrics import snapshot_metrics
-from allocconf_widget.core.snapshot import Snapshot, load_snapshot
+from allocconf_widget.core.memory.metrics import snapshot_metrics
+from allocconf_widget.core.memory.snapshot import Snapshot, load_snapshot
 
 TARGET_MS = 5.0
 MIB = 1 << 20

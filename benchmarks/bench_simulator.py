@@ -23,10 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from allocconf_widget.core.sim_settings import SimSettings
-from allocconf_widget.core.simulator import simulate, simulate_many
-from allocconf_widget.core.snapshot import load_snapshot
-from allocconf_widget.core.trace import Trace, TraceBuilder, decode_entries, extract_trace
+from allocconf_widget.core.memory.snapshot import load_snapshot
+from allocconf_widget.core.sim.settings import SimSettings
+from allocconf_widget.core.sim.simulator import simulate, simulate_many
+from allocconf_widget.core.sim.trace import Trace, TraceBuilder, decode_entries, extract_trace
 from allocconf_widget.core.units import format_bytes
 
 MiB = 1 << 20

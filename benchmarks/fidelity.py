@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _table import print_table  # noqa: E402
 
-from allocconf_widget.core.simulator import SimSettings, extract_trace, simulate  # noqa: E402
-from allocconf_widget.core.snapshot import load_snapshot  # noqa: E402
+from allocconf_widget.core.memory.snapshot import load_snapshot  # noqa: E402
+from allocconf_widget.core.sim.simulator import SimSettings, extract_trace, simulate  # noqa: E402
 
 GB = 1e9
 

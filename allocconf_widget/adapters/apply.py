@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from allocconf_widget._errors import AllocConfError
 from allocconf_widget.adapters import torch_private
 from allocconf_widget.adapters.runtime_state import Phase, RuntimeState, detect_state
-from allocconf_widget.core.conf import AllocConf, parse_conf
-from allocconf_widget.core.envvars import read_order, variable_to_write
-from allocconf_widget.core.plan import (
+from allocconf_widget.core.config.conf import AllocConf, parse_conf
+from allocconf_widget.core.config.envvars import read_order, variable_to_write
+from allocconf_widget.core.config.plan import (
     Action,
     OptionPlan,
     RuntimeFacts,

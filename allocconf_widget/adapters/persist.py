@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from allocconf_widget._errors import AllocConfError, AllocConfWarning
-from allocconf_widget.core.conf import AllocConf, parse_conf
+from allocconf_widget.core.config.conf import AllocConf, parse_conf
 from allocconf_widget.core.versions import VersionLike
 
 FORMAT = 1

@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from allocconf_widget.adapters import nvml, torch_private
-from allocconf_widget.core.metrics import Metrics, cached_share
+from allocconf_widget.core.memory.metrics import Metrics, cached_share
 
 OK = "ok"
 WAITING = "waiting_for_cuda"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from allocconf_widget.adapters import torch_private
 from allocconf_widget.adapters.runtime_state import Phase, RuntimeState, detect_state
-from allocconf_widget.core.conf import AllocConf, parse_conf
-from allocconf_widget.core.readback import ReadBack, compare
+from allocconf_widget.core.config.conf import AllocConf, parse_conf
+from allocconf_widget.core.config.readback import ReadBack, compare
 
 
 def read_back(requested: AllocConf | str | None = None, *, state: RuntimeState | None = None,

@@ -3,7 +3,7 @@
 :class:`ReplaySampler` has the interface the monitor view uses on a
 :class:`~allocconf_widget.adapters.sampler.Sampler` (``timeline``, ``start``,
 ``stop``, ``running``, ``add_listener``, ``latest``, ``status``, ``overhead``),
-but its samples come from a :class:`~allocconf_widget.core.recording.Recording`
+but its samples come from a :class:`~allocconf_widget.core.memory.recording.Recording`
 played back in real time (or faster) by a daemon thread. Every sample it makes
 carries the recording, so views can label it "Recording: …" and never present
 it as this machine's GPU.
@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 
 from allocconf_widget.adapters.sampler import OK, THREAD_PREFIX, Listener, Sample
-from allocconf_widget.core.recording import RecordedSample, Recording
-from allocconf_widget.core.timeline import Timeline
+from allocconf_widget.core.memory.recording import RecordedSample, Recording
+from allocconf_widget.core.memory.timeline import Timeline
 
 REPLAYING = "replaying"
 FINISHED = "replay_finished"

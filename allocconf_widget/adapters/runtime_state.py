@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass
 
 from allocconf_widget.adapters import nvml, torch_private
-from allocconf_widget.core.envvars import EnvReport, check_environment
+from allocconf_widget.core.config.envvars import EnvReport, check_environment
 from allocconf_widget.core.versions import TorchVersion, default_version, installed_torch_version
 
 

@@ -4,7 +4,7 @@ Shaped after nvitop's ``api`` layer: one synchronous choke point
 (:func:`sample` / :meth:`Probe.read`) that returns a :class:`Sample` whose
 fields are ``None`` when a figure is unavailable, and a :class:`Sampler` that
 calls it from a daemon thread (or from torch's optimizer step hook) and keeps
-the results in a bounded :class:`~allocconf_widget.core.timeline.Timeline`.
+the results in a bounded :class:`~allocconf_widget.core.memory.timeline.Timeline`.
 
 Costs and rules (docs/internals/allocator_facts.md §5, §8):
 
@@ -52,8 +52,8 @@ from allocconf_widget.adapters.probe import (
     SnapshotBudget,
     sample,
 )
-from allocconf_widget.core.metrics import Metrics, segment_metrics
-from allocconf_widget.core.timeline import Timeline
+from allocconf_widget.core.memory.metrics import Metrics, segment_metrics
+from allocconf_widget.core.memory.timeline import Timeline
 
 __all__ = [
     "ASYNC_NOTE",

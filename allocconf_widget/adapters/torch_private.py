@@ -156,7 +156,7 @@ def set_memory_fraction(torch: ModuleType, fraction: float) -> list[int]:
 
 # ----------------------------------------------------------------- monitor and OOM assistant
 # Added for the live monitor (adapters/sampler.py) and the OOM assistant
-# (views/oom_view.py). Same rules: never import torch, never initialise CUDA.
+# (views/widgets/oom.py). Same rules: never import torch, never initialise CUDA.
 
 
 def device_count(torch: ModuleType) -> int:

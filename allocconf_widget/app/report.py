@@ -2,7 +2,7 @@
 
 ``allocconf report FILE``, ``%allocconf report`` and anything else that shows these
 figures get a :class:`MemoryReport` from here and render it with
-:func:`allocconf_widget.views.report_text.render_report`, so the same file gives the
+:func:`allocconf_widget.views.text.report.render_report`, so the same file gives the
 same table everywhere.
 """
 
@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from allocconf_widget._errors import SnapshotError
-from allocconf_widget.core.metrics import DeviceMetrics, metrics_json, snapshot_metrics
-from allocconf_widget.core.snapshot import Snapshot, large_snapshot_note, load_snapshot
+from allocconf_widget.core.memory.metrics import DeviceMetrics, metrics_json, snapshot_metrics
+from allocconf_widget.core.memory.snapshot import Snapshot, large_snapshot_note, load_snapshot
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def report_live(*, device: int | None = None) -> MemoryReport:
         return build_report(live.snapshot,  # type: ignore[arg-type]
                             source="live", label="this process, now (memory_snapshot without trace)",
                             device=device)
-    from allocconf_widget.core.recording import load_demo
+    from allocconf_widget.core.memory.recording import load_demo
 
     demo = load_demo()
     return build_report(dict(demo.snapshot()),  # type: ignore[arg-type]

@@ -31,8 +31,8 @@ from typing import Any
 from allocconf_widget.adapters import persist
 from allocconf_widget.adapters.apply import ApplyResult, apply, current_conf, preview
 from allocconf_widget.adapters.runtime_state import Phase, RuntimeState, detect_state
-from allocconf_widget.core.conf import AllocConf, check_option_name, parse_conf
-from allocconf_widget.core.plan import OptionPlan
+from allocconf_widget.core.config.conf import AllocConf, check_option_name, parse_conf
+from allocconf_widget.core.config.plan import OptionPlan
 
 Listener = Callable[[], None]
 

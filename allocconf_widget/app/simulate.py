@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from allocconf_widget.core.recommend import Recommendation
+from allocconf_widget.core.sim.recommend import Recommendation
 
 RECORDING_KEY = "recording"
 
@@ -69,9 +69,9 @@ def installed_torch_release() -> tuple[int, int] | None:
 def trace_torch_version(snapshot: Any, trace: Any, *, device_total: int | None,
                         non_pytorch_bytes: int, fraction: float | None) -> VersionChoice:
     """The release whose rules best reproduce ``trace`` (snapshots do not record their torch)."""
-    from allocconf_widget.core.sim_settings import NEWEST_SUPPORTED
-    from allocconf_widget.core.simulator import infer_torch_version
-    from allocconf_widget.core.trace import guess_torch_version
+    from allocconf_widget.core.sim.settings import NEWEST_SUPPORTED
+    from allocconf_widget.core.sim.simulator import infer_torch_version
+    from allocconf_widget.core.sim.trace import guess_torch_version
 
     floor, why = guess_torch_version(snapshot)
     installed = installed_torch_release()
@@ -91,21 +91,21 @@ def trace_torch_version(snapshot: Any, trace: Any, *, device_total: int | None,
 def trace_source(session: Any, path: str | None = None, demo: bool = False) -> TraceSource:
     """A file, the session's last ``%%allocconf record``, or the bundled recording."""
     if path:
-        from allocconf_widget.core.snapshot import load_snapshot
+        from allocconf_widget.core.memory.snapshot import load_snapshot
 
         return TraceSource(load_snapshot(path), path, None)
     rec = session.extras.get(RECORDING_KEY)
     if rec is not None and rec.snapshot is not None and not demo:
         # Memory in use when recording started, less what the allocator already held (the
         # replay starts from those segments), is memory outside PyTorch's allocator.
-        from allocconf_widget.core.sim_state import INITIAL_SEGMENTS_KEY
+        from allocconf_widget.core.sim.state import INITIAL_SEGMENTS_KEY
 
         held = sum(int(seg.get("total_size", 0)) for seg in rec.snapshot.get(INITIAL_SEGMENTS_KEY) or ()
                    if isinstance(seg, dict) and seg.get("device", 0) == 0)
         return TraceSource(rec.snapshot, "the last %%allocconf record",
                            _release(rec.torch_version), rec.device_total,
                            max((rec.device_total or 0) - (rec.free_at_start or 0) - held, 0))
-    from allocconf_widget.core.recording import load_demo
+    from allocconf_widget.core.memory.recording import load_demo
 
     demo_rec = load_demo()
     return TraceSource(demo_rec.snapshot(), f"the bundled recording ({demo_rec.description})",
@@ -115,7 +115,7 @@ def trace_source(session: Any, path: str | None = None, demo: bool = False) -> T
 
 def _release(version: Any) -> tuple[int, int] | None:
     """The recorded torch as (major, minor); None (infer from the trace) if unknown or unmodelled."""
-    from allocconf_widget.core.sim_settings import parse_torch_version
+    from allocconf_widget.core.sim.settings import parse_torch_version
 
     if version is None:
         return None
@@ -133,9 +133,9 @@ def what_if(source: TraceSource, *, extra_confs: list[str] | tuple[str, ...] = (
         SnapshotError: the snapshot has no usable trace.
         AllocConfError: an extra configuration is not valid for the trace's torch.
     """
-    from allocconf_widget.core.recommend import recommend
-    from allocconf_widget.core.simulator import SimSettings, extract_trace
-    from allocconf_widget.core.snapshot import allocator_settings
+    from allocconf_widget.core.memory.snapshot import allocator_settings
+    from allocconf_widget.core.sim.recommend import recommend
+    from allocconf_widget.core.sim.simulator import SimSettings, extract_trace
 
     trace = extract_trace(source.snapshot)
     notes: list[str] = []

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 THREAD_CELL = """\
 import time
-from allocconf_widget.views.monitor import start_monitor
+from allocconf_widget.views.widgets.monitor import start_monitor
 mon = start_monitor(demo=True, renderer={renderer!r}, interval=0.05)
 display(mon)
 time.sleep(9.5)  # busy: the replay thread (8.2 s of recorded run) updates the chart meanwhile
@@ -31,7 +31,7 @@ print("updates", mon.updates, "renderer", mon.renderer)
 """
 
 PLAY_CELL = """\
-from allocconf_widget.views.monitor import start_monitor
+from allocconf_widget.views.widgets.monitor import start_monitor
 mon = start_monitor(demo=True, renderer="svg", interval=0.05)
 mon.stop()
 display(mon)

@@ -153,9 +153,9 @@ def test_backend_after_import_needs_restart_and_breaks_nothing():
 def test_restart_with_saved_backend_applies_it():
     out = fresh("backend after restart", """
         from allocconf_widget.adapters import persist
-        from allocconf_widget.core.conf import parse_conf
+        from allocconf_widget.core.config.conf import parse_conf
         persist.save(parse_conf("backend:cudaMallocAsync", warn=False))   # as Apply did before
-        from allocconf_widget.views.magic_core import restore_saved_settings
+        from allocconf_widget.views.magic.extension.core import restore_saved_settings
         restore_saved_settings()              # what %load_ext does in the new kernel
         import torch
         x = torch.empty(1 << 20, device="cuda")

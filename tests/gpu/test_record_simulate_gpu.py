@@ -25,7 +25,7 @@ pytestmark = [
 _CODE = textwrap.dedent("""
     import json, torch
     from allocconf_widget.adapters.recorder import record
-    from allocconf_widget.core.simulator import SimSettings, extract_trace, self_check, simulate
+    from allocconf_widget.core.sim.simulator import SimSettings, extract_trace, self_check, simulate
     with record() as rec:       # from before the first allocation: the trace is complete
         model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
                                     torch.nn.Linear(4096, 1024)).cuda()

@@ -149,9 +149,9 @@ def test_cuda_malloc_async_degrades_to_stats_and_says_so():
 def test_oom_observer_and_assistant_explain_a_real_oom(tmp_path):
     out = run_scenario(f"""
         from types import SimpleNamespace
-        from allocconf_widget.views.oom_view import OomAssistant
-        from allocconf_widget.views.exports import write_live_snapshot
-        from allocconf_widget.core.snapshot import load_snapshot
+        from allocconf_widget.views.widgets.oom import OomAssistant
+        from allocconf_widget.app.exports import write_live_snapshot
+        from allocconf_widget.core.memory.snapshot import load_snapshot
 
         class Events:  # the two methods of IPython's EventManager the assistant uses
             def __init__(self): self.callbacks = {{}}

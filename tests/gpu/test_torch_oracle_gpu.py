@@ -20,7 +20,7 @@ import textwrap
 import pytest
 
 from allocconf_widget import AllocConfError, parse_conf
-from allocconf_widget.core import options as opt
+from allocconf_widget.core.config import options as opt
 from allocconf_widget.core.versions import parse_version
 from tests.oracle_strings import make_case
 

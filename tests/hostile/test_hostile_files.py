@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from allocconf_widget.core.snapshot import load_snapshot
+from allocconf_widget.core.memory.snapshot import load_snapshot
 from tests.hostile.bombs import BOMBS, WRONG_SHAPES, valid_snapshot
 
 GiB = 1 << 30
@@ -37,7 +37,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _run_cli(*args: str) -> tuple[subprocess.CompletedProcess[str], float, int]:
     t0 = time.perf_counter()
-    code = ("import resource, sys\nfrom allocconf_widget.views.cli import main\nrc = main(sys.argv[1:])\n"
+    code = ("import resource, sys\n"
+            "from allocconf_widget.views.cli.main import main\nrc = main(sys.argv[1:])\n"
             "print('MAXRSS_KIB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
             "sys.exit(rc)")
     done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,

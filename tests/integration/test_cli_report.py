@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from allocconf_widget.core.snapshot import save_snapshot
+from allocconf_widget.core.memory.snapshot import save_snapshot
 from tests.snapshot_builders import MIB, block, segment, snapshot
 
 REPO = Path(__file__).resolve().parents[2]

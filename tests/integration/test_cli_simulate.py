@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from allocconf_widget.core.sim_settings import SimSettings
-from allocconf_widget.core.simulator import simulate
-from allocconf_widget.core.trace import SEG_NAMES, TraceBuilder
+from allocconf_widget.core.sim.settings import SimSettings
+from allocconf_widget.core.sim.simulator import simulate
+from allocconf_widget.core.sim.trace import SEG_NAMES, TraceBuilder
 
 REPO = Path(__file__).resolve().parents[2]
 MiB = 1 << 20

@@ -10,8 +10,8 @@ pytest.importorskip("IPython")
 
 from IPython.core.error import UsageError
 
-from allocconf_widget.core.recording import load_demo
-from allocconf_widget.views.monitor import active_monitor, stop_monitor
+from allocconf_widget.core.memory.recording import load_demo
+from allocconf_widget.views.widgets.monitor import active_monitor, stop_monitor
 
 
 @pytest.fixture

@@ -23,9 +23,9 @@ import comm
 from allocconf_widget.adapters.frontend import Frontend
 from allocconf_widget.adapters.replay import ReplaySampler
 from allocconf_widget.adapters.sampler import Sampler
-from allocconf_widget.core.recording import load_demo
-from allocconf_widget.views import monitor as monitor_mod
-from allocconf_widget.views.monitor import (
+from allocconf_widget.core.memory.recording import load_demo
+from allocconf_widget.views.widgets import monitor as monitor_mod
+from allocconf_widget.views.widgets.monitor import (
     MonitorView,
     active_monitor,
     start_monitor,
@@ -268,7 +268,7 @@ def test_export_buttons_write_files_and_say_where(comms, tmp_path, monkeypatch):
     assert doc["meta"]["recording"].startswith("Recording: ")
     view._on_snapshot()
     saved = next(tmp_path.glob("allocconf-recording-*.pickle"))
-    from allocconf_widget.core.snapshot import load_snapshot
+    from allocconf_widget.core.memory.snapshot import load_snapshot
 
     assert len(load_snapshot(saved)["segments"]) == len(load_demo().snapshot()["segments"])
     view._on_segments()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from allocconf_widget.views.oom_view import (
+from allocconf_widget.views.widgets.oom import (
     ObservedOom,
     OomPanel,
     build_report,

@@ -30,7 +30,7 @@ from allocconf_widget.adapters.sampler import (  # noqa: E402
     SnapshotBudget,
     sample,
 )
-from allocconf_widget.core.snapshot import load_snapshot  # noqa: E402
+from allocconf_widget.core.memory.snapshot import load_snapshot  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -395,7 +395,7 @@ def test_a_sampler_thread_that_dies_shows_as_stopped_with_the_reason(monkeypatch
 
 def test_concurrent_start_and_stop_leave_no_sampler_thread():
     """Panel callbacks run on subshell threads: 4 threads x 25 start/stop pairs."""
-    from allocconf_widget.views import monitor
+    from allocconf_widget.views.widgets import monitor
 
     before = set(_allocconf_threads())
 

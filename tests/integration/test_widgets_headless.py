@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("ipywidgets")
 
 from allocconf_widget.app.session import Session
-from allocconf_widget.views.panel import Panel
+from allocconf_widget.views.widgets.panel import Panel
 
 
 def test_panel_edit_validate_apply():
@@ -58,7 +58,7 @@ def test_snippet_button_shows_copyable_lines():
 
 
 def test_whatif_tab_on_the_bundled_recording():
-    from allocconf_widget.views.whatif import WhatIfView
+    from allocconf_widget.views.widgets.whatif import WhatIfView
 
     view = WhatIfView(Session(), renderer="svg")
     result = view.run()
@@ -72,7 +72,7 @@ def test_whatif_tab_on_the_bundled_recording():
 def test_monitor_demo_replay_with_svg():
     import time
 
-    from allocconf_widget.views.monitor import start_monitor, stop_monitor
+    from allocconf_widget.views.widgets.monitor import start_monitor, stop_monitor
 
     view = start_monitor(interval=0.05, renderer="svg", demo=True)
     try:

@@ -9,11 +9,11 @@ import pytest
 
 pytest.importorskip("plotly")
 
-from allocconf_widget.core.metrics import snapshot_metrics
-from allocconf_widget.core.recording import load_demo, load_recording
-from allocconf_widget.core.snapshot import load_snapshot
-from allocconf_widget.core.timeline import Timeline
-from allocconf_widget.views.charts import (
+from allocconf_widget.core.memory.metrics import snapshot_metrics
+from allocconf_widget.core.memory.recording import load_demo, load_recording
+from allocconf_widget.core.memory.snapshot import load_snapshot
+from allocconf_widget.core.memory.timeline import Timeline
+from allocconf_widget.views.charts.figures import (
     TIMELINE_TRACES,
     ConfigRun,
     peak_bar_chart,
@@ -23,7 +23,7 @@ from allocconf_widget.views.charts import (
     timeline_figure,
     update_timeline_figure,
 )
-from allocconf_widget.views.segment_map import allocation_site
+from allocconf_widget.views.charts.segment_map import allocation_site
 from tests.snapshot_builders import MIB, block, segment
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from allocconf_widget import AllocConfError, AllocConfWarning, parse_conf
-from allocconf_widget.core import options as opt
-from allocconf_widget.core.conf import AllocConf, RoundupDivisions
+from allocconf_widget.core.config import options as opt
+from allocconf_widget.core.config.conf import AllocConf, RoundupDivisions
 from allocconf_widget.core.versions import KNOWN_RELEASES, parse_version
 
 

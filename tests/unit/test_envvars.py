@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from allocconf_widget.core.envvars import (
+from allocconf_widget.core.config.envvars import (
     ALLOC_VAR,
     CUDA_VAR,
     HIP_VAR,

@@ -58,41 +58,105 @@ def test_the_check_sees_a_private_call(tmp_path):
                                           "sample.py:4 ._record_memory_history"]
 
 
-FRONT_ENDS = {"cli": ("cli",), "magic": ("magic",), "widgets": ("panel", "whatif", "monitor", "oom_view")}
+# ---------------------------------------------------------------- layers and front ends
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
 
 
-def _front_end_of(module: str) -> str | None:
-    name = module.rsplit(".", 1)[-1]
-    for front_end, prefixes in FRONT_ENDS.items():
-        if any(name == p or name.startswith(f"{p}_") for p in prefixes):
-            return front_end
-    return None
-
-
-def _imports(path: Path) -> set[str]:
+def _package_imports(path: Path) -> set[str]:
+    """Every allocconf_widget module ``path`` imports, type-checking-only imports included."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module:
-            out.add(node.module)
-            out.update(f"{node.module}.{a.name}" for a in node.names)
+            for alias in node.names:
+                candidate = f"{node.module}.{alias.name}"
+                out.add(candidate if _is_module(candidate) else node.module)
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
-    return {m for m in out if m.startswith("allocconf_widget.views.")}
+    return {m for m in out if m.startswith("allocconf_widget.")}
 
 
-# Known crossings that this round has not yet removed (docs/architecture.md); the list may only shrink.
-KNOWN_CROSSINGS = {
-    ("magic", "widgets"),   # %allocconf opens the panel / monitor
+def _is_module(dotted: str) -> bool:
+    rel = Path(*dotted.split("."))
+    return (PACKAGE.parent / rel).with_suffix(".py").exists() or (PACKAGE.parent / rel).is_dir()
+
+
+def _area(module: str) -> str:
+    """The layer or front end a module belongs to: ``core.config``, ``views.cli``, ``app`` …"""
+    parts = module.split(".")[1:]
+    if not parts:
+        return "package"
+    if parts[0] in ("core", "views") and len(parts) > 2:
+        return f"{parts[0]}.{parts[1]}"
+    return parts[0]
+
+
+# Which areas each area may import. Anything unlisted is a layering error.
+ALLOWED: dict[str, set[str]] = {
+    "core": {"core", "_errors"},
+    "core.config": {"core", "core.config", "_errors"},
+    "core.memory": {"core", "core.memory", "_errors"},
+    "core.sim": {"core", "core.config", "core.memory", "core.sim", "_errors"},
+    "adapters": {"core", "core.config", "core.memory", "core.sim", "adapters", "_errors"},
+    "app": {"core", "core.config", "core.memory", "core.sim", "adapters", "app", "_errors"},
+    "views.charts": {"core", "core.memory", "core.sim", "adapters", "app", "views.charts", "_errors"},
+    "views.text": {"core", "core.config", "core.memory", "core.sim", "app", "views.text", "_errors"},
+    # The three front ends share the renderers (charts, text) and never import each other,
+    # except that %allocconf's job is to *display* the panel and the monitor widgets.
+    "views.cli": {"core", "core.config", "core.memory", "core.sim", "adapters", "app",
+                  "views.text", "views.cli", "_errors", "package"},
+    "views.magic": {"core", "core.config", "core.memory", "core.sim", "adapters", "app",
+                    "views.text", "views.charts", "views.magic", "views.widgets", "_errors"},
+    "views.widgets": {"core", "core.config", "core.memory", "core.sim", "adapters", "app",
+                      "views.text", "views.charts", "views.widgets", "_errors"},
 }
 
 
-@pytest.mark.parametrize("path", [p for p in _modules() if p.parent.name == "views"],
-                         ids=lambda p: p.name)
-def test_no_front_end_imports_another_beyond_the_known_list(path):
-    mine = _front_end_of(path.stem)
-    if mine is None:
-        return
-    crossings = {(mine, theirs) for module in _imports(path)
-                 if (theirs := _front_end_of(module)) not in (None, mine)}
-    assert crossings <= KNOWN_CROSSINGS, crossings
+def _area_of_path(path: Path) -> str:
+    return _area(_module_name(path))
+
+
+def _layered_modules() -> list[Path]:
+    return [p for p in _modules() if _area_of_path(p) in ALLOWED]
+
+
+@pytest.mark.parametrize("path", _layered_modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_each_module_imports_only_what_its_layer_may(path):
+    mine = _area_of_path(path)
+    wrong = sorted(f"{m} ({_area(m)})" for m in _package_imports(path)
+                   if _area(m) not in ALLOWED[mine] | {"_version"})
+    assert wrong == [], f"{mine} may not import {wrong}"
+
+
+def test_every_module_belongs_to_a_known_layer():
+    areas = {_area_of_path(p) for p in _modules()}
+    assert areas - set(ALLOWED) <= {"package", "views", "_errors", "__main__", "_version"}, areas
+
+
+def test_no_import_cycles_between_modules():
+    """Type-checking-only imports count: a cycle there is still a design knot."""
+    graph = {_module_name(p): {m for m in _package_imports(p) if m != _module_name(p)} for p in _modules()}
+    cycles = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in graph:
+                continue
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join([*stack[stack.index(nxt):], nxt]))
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
+    assert cycles == []

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocconf_widget.core.metrics import (
+from allocconf_widget.core.memory.metrics import (
     STATS_METRIC_KEYS,
     Metrics,
     device_metrics,
@@ -20,7 +20,7 @@ from allocconf_widget.core.metrics import (
     snapshot_metrics,
     stats_metrics,
 )
-from allocconf_widget.core.snapshot import load_snapshot, segments_of
+from allocconf_widget.core.memory.snapshot import load_snapshot, segments_of
 from allocconf_widget.core.units import format_bytes
 from tests.snapshot_builders import GIB, MIB, block, legacy_segment, segment, snapshot
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from allocconf_widget.core.oom import (
+from allocconf_widget.core.memory.oom import (
     Advice,
     OomInfo,
     advise,

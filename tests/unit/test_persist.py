@@ -9,7 +9,7 @@ import pytest
 
 from allocconf_widget import AllocConfWarning
 from allocconf_widget.adapters import persist
-from allocconf_widget.core.conf import parse_conf
+from allocconf_widget.core.config.conf import parse_conf
 
 
 def test_save_load_round_trip_under_xdg_config_home(xdg_config_home):

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from allocconf_widget.core.conf import parse_conf
-from allocconf_widget.core.envvars import check_environment
-from allocconf_widget.core.plan import Action, RuntimeFacts, plan_apply, setter_string
-from allocconf_widget.core.readback import compare
+from allocconf_widget.core.config.conf import parse_conf
+from allocconf_widget.core.config.envvars import check_environment
+from allocconf_widget.core.config.plan import Action, RuntimeFacts, plan_apply, setter_string
+from allocconf_widget.core.config.readback import compare
 from allocconf_widget.core.versions import parse_version
 
 V211 = parse_version("2.11")

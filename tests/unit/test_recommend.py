@@ -1,4 +1,4 @@
-"""The settings recommender (core/recommend.py)."""
+"""The settings recommender (core/sim/recommend.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from allocconf_widget._errors import AllocConfError
-from allocconf_widget.core.recommend import candidate_confs, format_bytes, recommend
-from allocconf_widget.core.sim_settings import SimSettings
-from allocconf_widget.core.snapshot import load_snapshot
-from allocconf_widget.core.trace import TraceBuilder, extract_trace
+from allocconf_widget.core.memory.snapshot import load_snapshot
+from allocconf_widget.core.sim.recommend import candidate_confs, format_bytes, recommend
+from allocconf_widget.core.sim.settings import SimSettings
+from allocconf_widget.core.sim.trace import TraceBuilder, extract_trace
 
 MiB = 1 << 20
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from allocconf_widget._errors import SnapshotError
-from allocconf_widget.core.recording import load_demo, load_recording, recording_from_dict
-from allocconf_widget.core.timeline import Timeline
+from allocconf_widget.core.memory.recording import load_demo, load_recording, recording_from_dict
+from allocconf_widget.core.memory.timeline import Timeline
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

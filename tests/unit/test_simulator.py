@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from allocconf_widget.core.sim_engine import Engine
-from allocconf_widget.core.sim_settings import SimSettings
-from allocconf_widget.core.simulator import SimResult, simulate, simulate_many
-from allocconf_widget.core.trace import SEG_NAMES, TraceBuilder
+from allocconf_widget.core.sim.engine import Engine
+from allocconf_widget.core.sim.settings import SimSettings
+from allocconf_widget.core.sim.simulator import SimResult, simulate, simulate_many
+from allocconf_widget.core.sim.trace import SEG_NAMES, TraceBuilder
 
 MiB = 1 << 20
 KiB = 1 << 10

@@ -8,8 +8,8 @@ at 32 MiB-aligned starts, freed ranges reused.
 
 from __future__ import annotations
 
-from allocconf_widget.core.sim_engine import AddressSpace
-from allocconf_widget.core.trace import SEG_ALLOC, SEG_FREE, TraceBuilder
+from allocconf_widget.core.sim.engine import AddressSpace
+from allocconf_widget.core.sim.trace import SEG_ALLOC, SEG_FREE, TraceBuilder
 from tests.unit.test_simulator import run, settings
 
 MiB = 1 << 20

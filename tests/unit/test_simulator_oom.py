@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from allocconf_widget.core.simulator import simulate
-from allocconf_widget.core.trace import TraceBuilder
+from allocconf_widget.core.sim.simulator import simulate
+from allocconf_widget.core.sim.trace import TraceBuilder
 from tests.unit.test_simulator import KiB, MiB, cached, engine, run, segs, settings
 
 

@@ -7,11 +7,11 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from allocconf_widget.core.sim_blocks import Block
-from allocconf_widget.core.sim_engine import Engine
-from allocconf_widget.core.sim_settings import SimSettings, round_size
-from allocconf_widget.core.simulator import self_check, simulate
-from allocconf_widget.core.trace import SEG_NAMES, TraceBuilder, decode_entries
+from allocconf_widget.core.sim.blocks import Block
+from allocconf_widget.core.sim.engine import Engine
+from allocconf_widget.core.sim.settings import SimSettings, round_size
+from allocconf_widget.core.sim.simulator import self_check, simulate
+from allocconf_widget.core.sim.trace import SEG_NAMES, TraceBuilder, decode_entries
 
 MiB = 1 << 20
 

@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 
 from allocconf_widget._errors import AllocConfWarning
-from allocconf_widget.core.sim_settings import SimSettings
-from allocconf_widget.core.simulator import simulate
-from allocconf_widget.core.snapshot import load_snapshot
-from allocconf_widget.core.trace import extract_trace, guess_torch_version
+from allocconf_widget.core.memory.snapshot import load_snapshot
+from allocconf_widget.core.sim.settings import SimSettings
+from allocconf_widget.core.sim.simulator import simulate
+from allocconf_widget.core.sim.trace import extract_trace, guess_torch_version
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
@@ -149,7 +149,7 @@ def test_what_if_replays_predict_the_measured_runs(
     simulator places segments by a model of the driver's layout (docs/simulator.md,
     "Addresses"), so 2.11's address tie-break can pick another block now and then.
     """
-    from allocconf_widget.core.simulator import simulate_many
+    from allocconf_widget.core.sim.simulator import simulate_many
 
     root = _extract(archive, tmp_path_factory)
     (base,) = root.rglob("*__default.pickle")

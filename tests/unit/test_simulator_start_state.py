@@ -18,9 +18,11 @@ from typing import Any
 
 import pytest
 
-from allocconf_widget.core.sim_engine import Engine
-from allocconf_widget.core.sim_settings import SimSettings, round_size
-from allocconf_widget.core.sim_state import (
+from allocconf_widget.core.memory.snapshot import load_snapshot
+from allocconf_widget.core.sim.engine import Engine
+from allocconf_widget.core.sim.settings import SimSettings, round_size
+from allocconf_widget.core.sim.simulator import replay_state, self_check, simulate
+from allocconf_widget.core.sim.state import (
     INITIAL_SEGMENTS_KEY,
     RECONSTRUCTED,
     RECORDED,
@@ -30,9 +32,7 @@ from allocconf_widget.core.sim_state import (
     StateSegment,
     reconstruct_initial_state,
 )
-from allocconf_widget.core.simulator import replay_state, self_check, simulate
-from allocconf_widget.core.snapshot import load_snapshot
-from allocconf_widget.core.trace import SEG_NAMES, decode_entries, extract_trace
+from allocconf_widget.core.sim.trace import SEG_NAMES, decode_entries, extract_trace
 from tests.snapshot_builders import block, segment, snapshot
 
 MiB = 1 << 20

@@ -8,15 +8,15 @@ from typing import Any
 import pytest
 
 from allocconf_widget._errors import AllocConfError
-from allocconf_widget.core.sim_settings import (
+from allocconf_widget.core.sim.settings import (
     LARGE_BUFFER,
     EngineRules,
     SimSettings,
     parse_torch_version,
     round_size,
 )
-from allocconf_widget.core.simulator import infer_torch_version, simulate
-from allocconf_widget.core.trace import TraceBuilder, decode_entries
+from allocconf_widget.core.sim.simulator import infer_torch_version, simulate
+from allocconf_widget.core.sim.trace import TraceBuilder, decode_entries
 from tests.unit.test_simulator import MiB, run, segs, settings
 
 Z = (0,) * 16
@@ -175,7 +175,7 @@ def test_from_allocator_settings_is_tolerant() -> None:
 
 
 def test_from_conf_uses_the_configuration_model() -> None:
-    from allocconf_widget.core.conf import parse_conf
+    from allocconf_widget.core.config.conf import parse_conf
 
     conf = parse_conf(
         "max_split_size_mb:128,roundup_power2_divisions:[256:1,>:8]", torch_version="2.11"

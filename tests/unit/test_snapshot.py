@@ -15,7 +15,7 @@ from typing import Any, cast
 import pytest
 
 from allocconf_widget._errors import SnapshotError
-from allocconf_widget.core.snapshot import (
+from allocconf_widget.core.memory.snapshot import (
     LARGE_SNAPSHOT_BYTES,
     allocator_settings,
     devices_in,

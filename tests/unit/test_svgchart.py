@@ -7,11 +7,11 @@ import re
 import xml.dom.minidom
 from pathlib import Path
 
-from allocconf_widget.core.metrics import snapshot_metrics
-from allocconf_widget.core.recording import load_demo
-from allocconf_widget.core.snapshot import load_snapshot
-from allocconf_widget.core.timeline import Timeline
-from allocconf_widget.views.svgchart import segment_strip_svg, timeline_svg
+from allocconf_widget.core.memory.metrics import snapshot_metrics
+from allocconf_widget.core.memory.recording import load_demo
+from allocconf_widget.core.memory.snapshot import load_snapshot
+from allocconf_widget.core.memory.timeline import Timeline
+from allocconf_widget.views.charts.svg import segment_strip_svg, timeline_svg
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocconf_widget.core.timeline import DEFAULT_SERIES, Timeline
+from allocconf_widget.core.memory.timeline import DEFAULT_SERIES, Timeline
 
 GIB = 1 << 30
 

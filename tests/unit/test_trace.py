@@ -1,4 +1,4 @@
-"""Decoding snapshot traces into replay arrays (core/trace.py)."""
+"""Decoding snapshot traces into replay arrays (core/sim/trace.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pickle
 import pytest
 
 from allocconf_widget._errors import SnapshotError
-from allocconf_widget.core.snapshot import load_snapshot
-from allocconf_widget.core.trace import (
+from allocconf_widget.core.memory.snapshot import load_snapshot
+from allocconf_widget.core.sim.trace import (
     OP_ALLOC,
     OP_EMPTY_CACHE,
     OP_FREE,

@@ -1,0 +1,139 @@
+"""Exports of what the monitor saw: the timeline as CSV / JSON, a snapshot as a viewer pickle.
+
+The timeline is bounded (older samples are decimated, see
+:mod:`allocconf_widget.core.memory.timeline`), so an export row covers ``samples``
+raw samples from ``x_start`` to ``x_end`` and holds their **maxima**: the peak
+memory of every stretch survives, however long the run was. Snapshots are
+written by :func:`allocconf_widget.core.memory.snapshot.save_snapshot`, in the plain
+pickle (protocol 4) that pytorch.org/memory_viz and
+``python -m torch.cuda._memory_viz`` open.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from allocconf_widget.core.memory.snapshot import Snapshot, save_snapshot
+from allocconf_widget.core.memory.timeline import Timeline
+
+FORMAT = "allocconf-timeline/1"
+_BYTE_COLUMNS = {"reserved", "allocated", "active", "requested", "non_pytorch"}
+
+
+def default_name(kind: str, suffix: str, when: float | None = None) -> str:
+    """``allocconf-<kind>-YYYYmmdd-HHMMSS<suffix>`` in local time (sorts by time)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if when is None else when))
+    return f"allocconf-{kind}-{stamp}{suffix}"
+
+
+def _column(name: str) -> str:
+    return f"{name}_bytes" if name in _BYTE_COLUMNS else name
+
+
+def _x_names(timeline: Timeline) -> tuple[str, str]:
+    if "step" in timeline.x_label:
+        return "step_start", "step_end"
+    return "t_start_s", "t_end_s"
+
+
+def _cell(value: float | None, name: str) -> str:
+    if value is None:
+        return ""
+    return str(int(value)) if name in _BYTE_COLUMNS else f"{value:.6g}"
+
+
+def timeline_csv(timeline: Timeline) -> str:
+    """Every stored point of every device: ``device, x_start, x_end, samples, <series>...``."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    start, end = _x_names(timeline)
+    writer.writerow(["device", start, end, "samples", *(_column(n) for n in timeline.series_names)])
+    for device in timeline.devices:
+        for x0, x1, count, maxima in timeline.rows(device):
+            writer.writerow([
+                "" if device is None else device, f"{x0:.6g}", f"{x1:.6g}", count,
+                *(_cell(v, n) for v, n in zip(maxima, timeline.series_names, strict=True)),
+            ])
+    return out.getvalue()
+
+
+def timeline_document(timeline: Timeline, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON export: rows per device (maxima), peaks, markers, steps and ``meta``."""
+    devices = {}
+    for device in timeline.devices:
+        key = "none" if device is None else str(device)
+        devices[key] = {
+            "samples": timeline.samples(device),
+            "peaks": timeline.peaks(device),
+            "columns": ["x_start", "x_end", "samples", *timeline.series_names],
+            "rows": [[x0, x1, n, *vals] for x0, x1, n, vals in timeline.rows(device)],
+        }
+    payload = timeline.render(timeline.devices[0], max_steps=10_000) if timeline.devices else None
+    return {
+        "format": FORMAT,
+        "x_label": timeline.x_label,
+        "series": list(timeline.series_names),
+        "row_values": "maximum over the samples the row covers",
+        "devices": devices,
+        "markers": [m.to_dict() for m in timeline.markers()],
+        "steps": [list(s) for s in payload.steps] if payload else [],
+        "meta": dict(meta or {}),
+    }
+
+
+def timeline_json(timeline: Timeline, meta: Mapping[str, Any] | None = None) -> str:
+    return json.dumps(timeline_document(timeline, meta), indent=1)
+
+
+def _target(path: str | os.PathLike[str] | None, kind: str, suffix: str) -> Path:
+    target = Path(path) if path is not None else Path.cwd() / default_name(kind, suffix)
+    if target.is_dir():
+        target = target / default_name(kind, suffix)
+    return target
+
+
+def write_timeline_csv(timeline: Timeline, path: str | os.PathLike[str] | None = None) -> Path:
+    """Write :func:`timeline_csv` (default: ``./allocconf-timeline-<time>.csv``); returns the path."""
+    target = _target(path, "timeline", ".csv")
+    target.write_text(timeline_csv(timeline), encoding="utf-8")
+    return target
+
+
+def write_timeline_json(
+    timeline: Timeline, path: str | os.PathLike[str] | None = None,
+    meta: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write :func:`timeline_json` (default: ``./allocconf-timeline-<time>.json``); returns the path."""
+    target = _target(path, "timeline", ".json")
+    target.write_text(timeline_json(timeline, meta), encoding="utf-8")
+    return target
+
+
+def write_snapshot(snapshot: Snapshot, path: str | os.PathLike[str] | None = None,
+                   kind: str = "snapshot") -> Path:
+    """Save a snapshot dict for PyTorch's viewers (default ``./allocconf-<kind>-<time>.pickle``)."""
+    target = _target(path, kind, ".pickle")
+    save_snapshot(snapshot, target)
+    return target
+
+
+def write_live_snapshot(path: str | os.PathLike[str] | None = None, kind: str = "snapshot") -> Path:
+    """Save ``torch.cuda.memory._snapshot()`` of this process, once, on demand.
+
+    With stack recording on, torch can take seconds to build it (docs/internals/allocator_facts.md §8),
+    which is why nothing calls this on a timer. Raises RuntimeError without CUDA.
+    """
+    from allocconf_widget.adapters import torch_private
+
+    torch = torch_private.imported_torch()
+    if torch is None:
+        raise RuntimeError("torch is not imported: there is no GPU memory to save")
+    snapshot: Any = torch_private.full_snapshot(torch)
+    return write_snapshot(snapshot, path, kind)

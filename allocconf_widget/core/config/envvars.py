@@ -1,0 +1,185 @@
+"""Which environment variable torch reads, in which order, and what is wrong with the current ones.
+
+Facts (docs/internals/allocator_facts.md §1, and measured on an H200 with torch 2.11):
+
+* up to 2.7 only ``PYTORCH_CUDA_ALLOC_CONF`` is read; 2.8–2.9 ROCm builds fall
+  back to ``PYTORCH_HIP_ALLOC_CONF``; 2.9's CUDA allocator ignores
+  ``PYTORCH_ALLOC_CONF`` silently (pytorch/pytorch#183387);
+* from 2.10 the generic keys come from the first *set* variable of CUDA, HIP
+  (also on CUDA builds), ALLOC; the CUDA keys and ``backend`` from CUDA, HIP
+  (ROCm only), ALLOC. Values are never merged across variables;
+* a variable set to the empty string counts as set and shadows the others
+  (measured: ``PYTORCH_CUDA_ALLOC_CONF=""`` hid ``PYTORCH_ALLOC_CONF``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from allocconf_widget._errors import AllocConfError, printable
+from allocconf_widget.core.versions import TorchVersion
+
+CUDA_VAR = "PYTORCH_CUDA_ALLOC_CONF"
+HIP_VAR = "PYTORCH_HIP_ALLOC_CONF"
+ALLOC_VAR = "PYTORCH_ALLOC_CONF"
+ALL_VARS = (CUDA_VAR, HIP_VAR, ALLOC_VAR)
+
+
+def strip_variable_prefix(text: str) -> tuple[str | None, str]:
+    """``PYTORCH_CUDA_ALLOC_CONF=a:1`` (a common paste, ``export`` and quotes too) → (name, ``a:1``)."""
+    body = text.strip()
+    if body.startswith("export "):
+        body = body[len("export "):].lstrip()
+    for name in ALL_VARS:
+        if body.startswith(name) and body[len(name):len(name) + 1] in ("=", ":"):
+            value = body[len(name) + 1:].strip()
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]
+            return name, value
+    return None, text
+
+
+@dataclass(frozen=True)
+class ReadOrder:
+    """The variables torch ``version`` tries, first set wins, for each kind of key."""
+
+    generic: tuple[str, ...]
+    device: tuple[str, ...]
+
+    @property
+    def read(self) -> frozenset[str]:
+        return frozenset(self.generic) | frozenset(self.device)
+
+
+@dataclass(frozen=True)
+class EnvProblem:
+    """Something about the current variables that makes a setting not do what it says."""
+
+    code: str
+    variable: str
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True)
+class EnvReport:
+    """What torch will read from an environment, and what is wrong with it."""
+
+    version: TorchVersion
+    set_vars: dict[str, str]
+    generic_from: str | None
+    device_from: str | None
+    problems: tuple[EnvProblem, ...] = field(default=())
+
+    @property
+    def effective_text(self) -> str | None:
+        """The string torch will parse (None when no variable it reads is set)."""
+        source = self.device_from or self.generic_from
+        return None if source is None else self.set_vars[source]
+
+
+def read_order(version: TorchVersion) -> ReadOrder:
+    """Variables torch ``version`` reads, in precedence order."""
+    rocm = version.build == "rocm"
+    key = version.schema_key
+    if key >= (2, 10):
+        device = (CUDA_VAR, HIP_VAR, ALLOC_VAR) if rocm else (CUDA_VAR, ALLOC_VAR)
+        return ReadOrder(generic=(CUDA_VAR, HIP_VAR, ALLOC_VAR), device=device)
+    names = (CUDA_VAR, HIP_VAR) if rocm and key >= (2, 8) else (CUDA_VAR,)
+    return ReadOrder(generic=names, device=names)
+
+
+def preferred_variable(version: TorchVersion) -> str:
+    """The name to recommend when nothing is set: the documented one that this release honours."""
+    return ALLOC_VAR if version.schema_key >= (2, 10) else CUDA_VAR
+
+
+def variable_to_write(version: TorchVersion, environ: Mapping[str, str]) -> str:
+    """The variable a new value must go into so that torch ``version`` actually reads it.
+
+    If a variable torch reads is already set, writing anywhere else would be
+    shadowed by it, so we write into the winning one; if the generic and the
+    device keys would come from different variables, only the CUDA name wins
+    for both.
+    """
+    order = read_order(version)
+    generic = next((n for n in order.generic if n in environ), None)
+    device = next((n for n in order.device if n in environ), None)
+    if generic is None and device is None:
+        return preferred_variable(version)
+    if generic == device and generic is not None:
+        return generic
+    return CUDA_VAR
+
+
+def check_environment(environ: Mapping[str, str], version: TorchVersion) -> EnvReport:
+    """Report which variable torch ``version`` will read and every problem with the set ones."""
+    from allocconf_widget.core.config.conf import parse_conf
+
+    order = read_order(version)
+    set_vars = {n: environ[n] for n in ALL_VARS if n in environ}
+    generic = next((n for n in order.generic if n in set_vars), None)
+    device = next((n for n in order.device if n in set_vars), None)
+    problems: list[EnvProblem] = []
+    for name, value in set_vars.items():
+        if name not in order.read:
+            problems.append(EnvProblem("ignored", name, _ignored_message(name, version)))
+        elif name not in (generic, device):
+            winner = device or generic
+            empty = " (even though it is empty)" if winner and set_vars[winner] == "" else ""
+            same = "" if winner and set_vars[winner] == value else f" ({name}={value!r} is unused)"
+            problems.append(EnvProblem(
+                "shadowed", name,
+                f"{name} is not read: {winner} is also set{empty} and torch {version} reads it "
+                f"first{same}"))
+    if generic and device and generic != device and set_vars[generic] != set_vars[device]:
+        problems.append(EnvProblem(
+            "split", generic,
+            f"torch {version} takes the generic keys from {generic} and the CUDA keys from "
+            f"{device}: each half of your settings is read from a different variable"))
+    # each variable torch reads is parsed on its own: with a split, both halves can be wrong
+    for source in dict.fromkeys(n for n in (device, generic) if n is not None):
+        value = set_vars[source]
+        if not value:
+            continue
+        try:
+            parse_conf(value, version, warn=False)
+        except AllocConfError as exc:
+            problems.append(EnvProblem(
+                "invalid", source,
+                f"{source}={printable(repr(value), 200)} is not valid for torch {version}: {exc}. "
+                "torch fails at the first CUDA allocation (some releases already at import, "
+                "pytorch/pytorch#186453)"))
+    return EnvReport(version, set_vars, generic, device, tuple(problems))
+
+
+def _ignored_message(name: str, version: TorchVersion) -> str:
+    if name == ALLOC_VAR and version.schema_key == (2, 9):
+        return (f"{ALLOC_VAR} is silently ignored by torch 2.9's CUDA allocator "
+                f"(pytorch/pytorch#183387); use {CUDA_VAR}")
+    if name == ALLOC_VAR:
+        return f"{ALLOC_VAR} is read only from torch 2.10; torch {version} needs {CUDA_VAR}"
+    return f"{name} is read only by ROCm builds of torch; use {CUDA_VAR}"
+
+
+def snippets(conf_text: str, variable: str) -> dict[str, str]:
+    """Copyable ways to set ``variable`` to ``conf_text`` (or to unset it when empty).
+
+    Keys: ``magic`` (an IPython cell line), ``python`` (before ``import torch``), ``shell``.
+    """
+    if not conf_text:
+        unset = f'import os\nos.environ.pop("{variable}", None)  # before `import torch`'
+        return {  # an empty variable still counts as set and would shadow the others
+            "magic": unset,
+            "python": unset,
+            "shell": f"unset {variable}",
+        }
+    return {
+        "magic": f"%env {variable}={conf_text}",
+        "python": f'import os\nos.environ["{variable}"] = "{conf_text}"  # before `import torch`\n'
+                  "import torch",
+        "shell": f"export {variable}='{conf_text}'",
+    }

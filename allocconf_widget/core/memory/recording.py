@@ -1,0 +1,284 @@
+"""A recorded GPU run (a JSON sidecar plus its memory snapshot), for replay without a GPU.
+
+``benchmarks/gpu/record.py`` writes, per run, ``<name>.json`` (what the process
+measured: real ``memory_stats()`` peaks, device total, the settings read back,
+per-step timestamps and a 20 Hz ``memory_stats()`` timeline) and
+``<name>.pickle.gz`` (the final ``torch.cuda.memory._snapshot()``). A
+:class:`Recording` exposes both so the monitor can replay the run on a
+CPU-only machine (the demo notebook) and the charts can draw it, always
+labelled as a recording, never passed off as live data.
+
+Standard library only; the snapshot is loaded lazily through the restricted
+unpickler of :mod:`allocconf_widget.core.memory.snapshot`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Protocol
+
+from allocconf_widget._errors import SnapshotError
+from allocconf_widget.core.memory.metrics import cached_share
+from allocconf_widget.core.memory.snapshot import Snapshot, load_snapshot
+from allocconf_widget.core.memory.timeline import Timeline
+
+DEMO_NAME = "demo_cnn_h200"
+
+
+class Traversable(Protocol):
+    """What we need of a package-data file (``importlib.resources``) or a ``Path``."""
+
+    def read_bytes(self) -> bytes: ...
+
+_KEY_TO_SERIES = {
+    "reserved_bytes.all.current": "reserved",
+    "allocated_bytes.all.current": "allocated",
+    "active_bytes.all.current": "active",
+    "requested_bytes.all.current": "requested",
+    "inactive_split_bytes.all.current": "inactive_split",
+}
+
+
+@dataclass(frozen=True)
+class RecordedSample:
+    """One row of the recorded timeline (bytes; ``None`` where the recording lacks the key)."""
+
+    t: float
+    reserved: int | None
+    allocated: int | None
+    active: int | None
+    requested: int | None
+    inactive_split: int | None
+
+    @property
+    def cached_share(self) -> float | None:
+        """Share of reserved memory not allocated: ``(reserved − allocated) / reserved``."""
+        return cached_share(self.reserved, self.allocated)
+
+    def values(self) -> dict[str, float | None]:
+        """The series values as the monitor's :class:`~.timeline.Timeline` names them."""
+        return {
+            "reserved": _f(self.reserved),
+            "allocated": _f(self.allocated),
+            "active": _f(self.active),
+            "requested": _f(self.requested),
+            "cached_share": self.cached_share,
+        }
+
+
+@dataclass(frozen=True)
+class RecordedStep:
+    """Optimizer step ``step`` finished ``t`` seconds into the run (``epoch_us`` wall clock)."""
+
+    step: int
+    t: float
+    epoch_us: float | None
+
+
+@dataclass(frozen=True)
+class Recording:
+    """A recorded run: metadata, the sampled timeline, steps, and (lazily) the snapshot."""
+
+    name: str
+    description: str
+    samples: tuple[RecordedSample, ...]
+    steps: tuple[RecordedStep, ...] = ()
+    workload: str | None = None
+    conf: str = ""
+    fraction: float | None = None
+    torch_version: str | None = None
+    device_name: str | None = None
+    device_total_bytes: int | None = None
+    free_at_start_bytes: int | None = None
+    wall_s: float | None = None
+    oom_message: str | None = None
+    stats: Mapping[str, Any] = field(default_factory=dict)
+    allocator_settings: Mapping[str, Any] | None = None
+    trace_events: int | None = None
+    snapshot_path: Path | Traversable | None = None
+    _cache: dict[str, Snapshot] = field(default_factory=dict, repr=False, compare=False)
+    _lock: Any = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    # ------------------------------------------------------------- derived facts
+    @property
+    def label(self) -> str:
+        """What every view shows so a replay is never mistaken for live data."""
+        return f"Recording: {self.description}"
+
+    @property
+    def duration(self) -> float:
+        """Seconds from the first to the last recorded sample (or step)."""
+        ends = [s.t for s in self.samples[-1:]] + [s.t for s in self.steps[-1:]]
+        return max(ends) if ends else 0.0
+
+    @property
+    def non_pytorch_bytes(self) -> int | None:
+        """Memory the process held outside the allocator at the start (mostly the CUDA context)."""
+        if self.device_total_bytes is None or self.free_at_start_bytes is None:
+            return None
+        return max(0, self.device_total_bytes - self.free_at_start_bytes)
+
+    def peak(self, key: str) -> int | None:
+        """A real ``memory_stats()`` counter of the run, e.g. ``reserved_bytes.all.peak``."""
+        value = self.stats.get(key)
+        return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+    def snapshot(self) -> Snapshot:
+        """The end-of-run snapshot (loaded once; raises SnapshotError if it is missing)."""
+        with self._lock:
+            if "snapshot" not in self._cache:
+                if self.snapshot_path is None:
+                    raise SnapshotError(f"recording {self.name!r} has no snapshot file")
+                source = self.snapshot_path
+                self._cache["snapshot"] = load_snapshot(
+                    source if isinstance(source, Path) else source.read_bytes()
+                )
+            return self._cache["snapshot"]
+
+    # ------------------------------------------------------------- replay
+    def samples_until(self, t: float) -> tuple[RecordedSample, ...]:
+        """The samples recorded up to ``t`` seconds into the run."""
+        return tuple(s for s in self.samples if s.t <= t)
+
+    def to_timeline(
+        self, timeline: Timeline | None = None, *, until: float | None = None, device: int = 0
+    ) -> Timeline:
+        """Fill a timeline with the run (up to ``until`` seconds), steps included."""
+        timeline = timeline or Timeline()
+        non_pytorch = self.non_pytorch_bytes
+        for sample in self.samples:
+            if until is not None and sample.t > until:
+                break
+            values = sample.values()
+            values["non_pytorch"] = _f(non_pytorch)
+            timeline.add(sample.t, values, device)
+        for step in self.steps:
+            if until is not None and step.t > until:
+                break
+            timeline.step(step.t, step.step)
+        return timeline
+
+
+# ----------------------------------------------------------------- loading
+
+
+def _f(value: int | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _int(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return int(value)
+
+
+def _samples(keys: Sequence[str], rows: Sequence[Sequence[Any]], where: str) -> tuple[RecordedSample, ...]:
+    if not keys or keys[0] != "t_s":
+        raise SnapshotError(f"{where}: 'timeline_keys' must start with 't_s' (got {list(keys)[:3]})")
+    columns = {_KEY_TO_SERIES.get(k, k): i for i, k in enumerate(keys)}
+
+    def pick(row: Sequence[Any], name: str) -> int | None:
+        i = columns.get(name)
+        return _int(row[i]) if i is not None and i < len(row) else None
+
+    out = []
+    for n, row in enumerate(rows):
+        if not row or not isinstance(row[0], int | float):
+            raise SnapshotError(f"{where}: timeline row {n} has no time value")
+        out.append(RecordedSample(
+            float(row[0]), pick(row, "reserved"), pick(row, "allocated"), pick(row, "active"),
+            pick(row, "requested"), pick(row, "inactive_split"),
+        ))
+    return tuple(sorted(out, key=lambda s: s.t))
+
+
+def _steps(rows: Sequence[Sequence[Any]]) -> tuple[RecordedStep, ...]:
+    steps = []
+    for row in rows:
+        if len(row) >= 2 and isinstance(row[0], int | float) and isinstance(row[1], int | float):
+            epoch = float(row[2]) if len(row) > 2 and isinstance(row[2], int | float) else None
+            steps.append(RecordedStep(int(row[0]), float(row[1]), epoch))
+    return tuple(steps)
+
+
+def _describe(meta: Mapping[str, Any], name: str) -> str:
+    text = meta.get("description")
+    if isinstance(text, str) and text.strip():
+        return text.strip()
+    parts = [str(meta.get("workload") or name)]
+    if meta.get("device_name"):
+        parts.append(f"on {meta['device_name']}")
+    if meta.get("torch"):
+        parts.append(f"with torch {meta['torch']}")
+    parts.append(f"({meta.get('conf') or 'default settings'})")
+    return " ".join(parts)
+
+
+def recording_from_dict(
+    meta: Mapping[str, Any],
+    name: str = "recording",
+    snapshot_path: str | os.PathLike[str] | Traversable | None = None,
+) -> Recording:
+    """Build a :class:`Recording` from a parsed JSON sidecar."""
+    where = f"recording {name!r}"
+    if not isinstance(meta, Mapping):
+        raise SnapshotError(f"{where}: expected a JSON object, got {type(meta).__name__}")
+    stats = meta.get("stats")
+    settings = meta.get("allocator_settings")
+    fraction = meta.get("fraction")
+    return Recording(
+        name=str(meta.get("name") or name),
+        description=_describe(meta, name),
+        samples=_samples(meta.get("timeline_keys") or ["t_s"], meta.get("timeline") or [], where),
+        steps=_steps(meta.get("steps") or []),
+        workload=meta.get("workload") if isinstance(meta.get("workload"), str) else None,
+        conf=str(meta.get("conf") or ""),
+        fraction=float(fraction) if isinstance(fraction, int | float) else None,
+        torch_version=str(meta["torch"]) if meta.get("torch") else None,
+        device_name=str(meta["device_name"]) if meta.get("device_name") else None,
+        device_total_bytes=_int(meta.get("device_total_bytes")),
+        free_at_start_bytes=_int(meta.get("free_at_start_bytes")),
+        wall_s=float(meta["wall_s"]) if isinstance(meta.get("wall_s"), int | float) else None,
+        oom_message=meta.get("oom") if isinstance(meta.get("oom"), str) else None,
+        stats=dict(stats) if isinstance(stats, Mapping) else {},
+        allocator_settings=dict(settings) if isinstance(settings, Mapping) else None,
+        trace_events=_int(meta.get("trace_events")),
+        snapshot_path=(
+            Path(snapshot_path) if isinstance(snapshot_path, str | os.PathLike) else snapshot_path
+        ),
+    )
+
+
+def load_recording(
+    json_path: str | os.PathLike[str], snapshot_path: str | os.PathLike[str] | None = None
+) -> Recording:
+    """Load ``<name>.json``; the snapshot defaults to ``<name>.pickle.gz`` (or ``.pickle``) beside it."""
+    path = Path(json_path)
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SnapshotError(f"recording {os.fspath(path)!r} does not exist") from None
+    except (OSError, ValueError) as exc:
+        raise SnapshotError(f"cannot read recording {os.fspath(path)!r}: {exc}") from exc
+    if snapshot_path is None:
+        stem = path.name[: -len(".json")] if path.name.endswith(".json") else path.stem
+        for suffix in (".pickle.gz", ".pickle"):
+            candidate = path.with_name(stem + suffix)
+            if candidate.exists():
+                snapshot_path = candidate
+                break
+    return recording_from_dict(meta, path.stem, snapshot_path)
+
+
+def load_demo() -> Recording:
+    """The bundled real recording (a CNN on an H200) used when no GPU is available."""
+    data = resources.files("allocconf_widget").joinpath("data")
+    meta_file = data.joinpath(f"{DEMO_NAME}.json")
+    meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    return recording_from_dict(meta, DEMO_NAME, data.joinpath(f"{DEMO_NAME}.pickle.gz"))

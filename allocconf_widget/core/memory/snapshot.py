@@ -1,0 +1,500 @@
+"""Reading and writing torch memory snapshots safely.
+
+A snapshot (``torch.cuda.memory._dump_snapshot``) is a pickle. Unpickling
+runs arbitrary code, so we never hand a file to :func:`pickle.load`: the
+restricted unpickler below refuses every global, which leaves exactly the
+plain types a snapshot holds (dict, list, tuple, str, int, float, bool, None).
+A pickle that names a class or function is refused before anything in it runs.
+
+The TypedDicts mirror the schema in torch's ``_snapshot`` docstring
+(docs/internals/allocator_facts.md §7). torch keeps adding keys, and 2.0 snapshots lack some, so
+only the keys every release writes are required; readers use ``.get``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import pickle
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO, Any, TypedDict, cast
+
+from allocconf_widget._errors import SnapshotError, printable
+from allocconf_widget.core.memory.snapshot_fields import check_fields, short_repr
+from allocconf_widget.core.untrusted import LoadLimits, check_structure, gunzip_bounded, too_large
+
+ACTIVE_ALLOCATED = "active_allocated"
+"""Block state: handed out to a tensor."""
+ACTIVE_PENDING_FREE = "active_pending_free"
+"""Block state: freed by Python, waiting for another stream (record_stream) to finish."""
+INACTIVE = "inactive"
+"""Block state: cached and free for reuse."""
+
+LARGE_SNAPSHOT_BYTES = 1 << 30
+"""Above this, pytorch.org/memory_viz tends to crash the browser (pytorch/pytorch PR #176290)."""
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_SMALL_SEGMENT_MAX = 2 << 20  # kSmallBuffer: every classic small-pool segment is exactly 2 MiB
+_VIEWER_PICKLE_PROTOCOL = 4  # MemoryViz.js's unpickler accepts protocols 2-4 only
+_DUMP_HINT = "write one with torch.cuda.memory._dump_snapshot(path)"
+
+
+class Frame(TypedDict, total=False):
+    """One stack frame of an allocation (FX keys appear with ``augment_with_fx_traces``)."""
+
+    filename: str
+    line: int
+    name: str
+    fx_node_op: str
+    fx_node_name: str
+    fx_original_trace: str
+    fx_node_info: object
+
+
+class HistoryEntry(TypedDict, total=False):
+    """torch 2.0 (legacy) per-block history: ``real_size`` is the requested size."""
+
+    addr: int
+    real_size: int
+    frames: list[Frame]
+
+
+class _BlockEssentials(TypedDict):
+    size: int
+    state: str
+
+
+class Block(_BlockEssentials, total=False):
+    """A piece of a segment; ``requested_size`` is meaningful only while the block is active."""
+
+    address: int
+    requested_size: int
+    frames: list[Frame]
+    history: list[HistoryEntry]
+    cpp_frames: list[Frame]
+
+
+class _SegmentEssentials(TypedDict):
+    total_size: int
+    blocks: list[Block]
+
+
+class Segment(_SegmentEssentials, total=False):
+    """One ``cudaMalloc`` (or one contiguous mapped run of an expandable segment)."""
+
+    device: int
+    address: int
+    allocated_size: int
+    active_size: int
+    requested_size: int
+    stream: int
+    segment_type: str
+    segment_pool_id: tuple[int, int]
+    is_expandable: bool
+    frames: list[Frame]
+
+
+class TraceEntry(TypedDict, total=False):
+    """One allocator event from the history ring buffer (``device_traces``)."""
+
+    action: str
+    addr: int
+    size: int
+    stream: int
+    time_us: int
+    frames: list[Frame]
+    device_free: int
+    pool_id: tuple[int, int]
+    compile_context: object
+    user_metadata: object
+
+
+class _SnapshotEssentials(TypedDict):
+    segments: list[Segment]
+
+
+class Snapshot(_SnapshotEssentials, total=False):
+    """What ``torch.cuda.memory._snapshot()`` returns; only ``segments`` is always there."""
+
+    device_traces: list[list[TraceEntry]]
+    allocator_settings: dict[str, Any]
+    external_annotations: list[dict[str, Any]]
+    host_segments: list[Segment]
+    host_traces: list[list[TraceEntry]]
+
+
+class _PlainDataUnpickler(pickle.Unpickler):
+    """Unpickler that admits no classes or functions at all."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise SnapshotError(
+            f"refused to load {module}.{name}: a memory snapshot holds only plain data "
+            "(dicts, lists, numbers, strings), and loading other objects could run code. "
+            "Nothing in the file was executed; only open snapshots written by torch"
+        )
+
+
+# ----------------------------------------------------------------- reading
+
+
+def _describe(source: object) -> str:
+    if isinstance(source, str | os.PathLike):
+        return f"snapshot file {os.fspath(source)!r}"
+    return "snapshot data"
+
+
+def _read_path(path: str | os.PathLike[str], limit: int) -> bytes:
+    name = os.fspath(path)
+    try:
+        with Path(path).open("rb") as handle:
+            data = handle.read(limit + 1)
+            if len(data) > limit:
+                raise too_large(f"snapshot file {name!r}", limit)
+            return data
+    except FileNotFoundError:
+        raise SnapshotError(
+            f"snapshot file {name!r} does not exist; check the path, or {_DUMP_HINT}"
+        ) from None
+    except IsADirectoryError:
+        raise SnapshotError(f"{name!r} is a directory; pass the snapshot .pickle file") from None
+    except PermissionError:
+        raise SnapshotError(f"no permission to read snapshot file {name!r}") from None
+    except OSError as exc:
+        raise SnapshotError(f"cannot read snapshot file {name!r}: {exc}") from exc
+
+
+def _read_bytes(source: str | os.PathLike[str] | bytes | IO[bytes], limit: int) -> bytes:
+    if isinstance(source, bytes | bytearray | memoryview):
+        data = bytes(source)
+    elif isinstance(source, str | os.PathLike):
+        return _read_path(source, limit)
+    else:
+        data = source.read(limit + 1)
+    if not isinstance(data, bytes):
+        raise SnapshotError("the snapshot file object is open in text mode; open it with 'rb'")
+    if len(data) > limit:
+        raise too_large("snapshot data", limit)
+    return data
+
+
+def _not_a_pickle_hint(data: bytes) -> str:
+    head = data[:64].lstrip()
+    if head[:2] == b"PK":
+        return (
+            "; it looks like a zip archive (torch.save output?), not a memory snapshot. "
+            + _DUMP_HINT
+        )
+    if head[:1] == b"<":
+        return (
+            "; it looks like an HTML page (trace_plot/segment_plot output?): "
+            "pass the .pickle file it was made from"
+        )
+    if head[:1] in (b"{", b"["):
+        return "; it looks like JSON text, not a pickle. " + _DUMP_HINT
+    return "; " + _DUMP_HINT
+
+
+def _unpickle(data: bytes, what: str) -> object:
+    try:
+        return _PlainDataUnpickler(io.BytesIO(data)).load()
+    except SnapshotError:
+        raise
+    except EOFError as exc:
+        raise SnapshotError(
+            f"the {what} is truncated: the pickle ends before its last object "
+            "(was the dump interrupted?); dump it again"
+        ) from exc
+    except pickle.UnpicklingError as exc:
+        if "truncated" in str(exc):
+            raise SnapshotError(
+                f"the {what} is truncated ({exc}); was the dump interrupted? dump it again"
+            ) from exc
+        raise SnapshotError(
+            f"the {what} is not a readable pickle ({exc}){_not_a_pickle_hint(data)}"
+        ) from exc
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError, MemoryError,
+            RecursionError, OverflowError) as exc:
+        raise SnapshotError(
+            f"the {what} is not a readable pickle ({type(exc).__name__}: {printable(str(exc), 200)})"
+            f"{_not_a_pickle_hint(data)}"
+        ) from exc
+
+
+def _shape_error(where: str, problem: str) -> SnapshotError:
+    return SnapshotError(
+        f"this pickle is not a memory snapshot: {where} {problem}; {_DUMP_HINT}"
+    )
+
+
+def _check_block(block: object, where: str) -> None:
+    if not isinstance(block, dict):
+        raise _shape_error(where, f"is of type {type(block).__name__!r}, not a dict")
+    if not isinstance(block.get("size"), int):
+        raise _shape_error(where, "has no integer 'size'")
+    if not isinstance(block.get("state"), str):
+        raise _shape_error(where, "has no 'state' string")
+
+
+def _is_int_pair(value: object) -> bool:
+    return (
+        isinstance(value, tuple | list)
+        and len(value) == 2
+        and all(isinstance(item, int) for item in value)
+    )
+
+
+def _check_segment(segment: object, index: int) -> None:
+    where = f"segment {index}"
+    if not isinstance(segment, dict):
+        raise _shape_error(where, f"is of type {type(segment).__name__!r}, not a dict")
+    if not isinstance(segment.get("total_size"), int):
+        raise _shape_error(where, "has no integer 'total_size'")
+    blocks = segment.get("blocks")
+    if not isinstance(blocks, list):
+        raise _shape_error(where, "has no 'blocks' list")
+    if not isinstance(segment.get("device", 0), int):
+        raise _shape_error(where, "has a 'device' that is not an integer")
+    pool = segment.get("segment_pool_id", (0, 0))
+    if not _is_int_pair(pool):
+        raise _shape_error(where, f"has a 'segment_pool_id' that is not a pair of integers: "
+                           f"{short_repr(pool)}")
+    for block_index, block in enumerate(blocks):
+        _check_block(block, f"block {block_index} of {where}")
+
+
+def _as_snapshot(obj: object) -> Snapshot:
+    if isinstance(obj, list):  # torch.cuda.memory_snapshot() returns the segments alone
+        obj = {"segments": obj}
+    if not isinstance(obj, dict):
+        raise _shape_error("the pickle", f"holds {type(obj).__name__!r} data, not a dict")
+    if not isinstance(obj.get("segments"), list):
+        if any(isinstance(key, str) and key.endswith(".all.current") for key in obj):
+            raise SnapshotError(
+                "this pickle holds torch.cuda.memory_stats() counters, not a memory snapshot; "
+                + _DUMP_HINT
+            )
+        raise _shape_error("the pickle", "has no 'segments' list")
+    for index, segment in enumerate(obj["segments"]):
+        _check_segment(segment, index)
+    return cast(Snapshot, obj)
+
+
+def load_snapshot(source: str | os.PathLike[str] | bytes | IO[bytes]) -> Snapshot:
+    """Load a snapshot or trace written by torch, without executing anything in it.
+
+    Accepts a path, raw bytes or a binary file object; gzip-compressed data is
+    recognised by its magic bytes. A bare list of segments (what
+    ``torch.cuda.memory_snapshot()`` returns) is wrapped as ``{"segments": ...}``.
+    Large files load normally; see :func:`large_snapshot_note` for the warning
+    worth showing about them.
+
+    Raises:
+        SnapshotError: missing, unreadable, empty, truncated, corrupt gzip, not a
+            pickle, holding objects other than plain data, or not shaped like a
+            snapshot. The message says what is wrong and how to get a good file.
+    """
+    what = _describe(source)
+    limits = LoadLimits.from_env()
+    data = _read_bytes(source, limits.max_bytes)
+    if not data:
+        raise SnapshotError(
+            f"the {what} is empty (0 bytes): the process writing it was probably "
+            "stopped before the dump finished; dump it again"
+        )
+    if data[:2] == _GZIP_MAGIC:
+        data = gunzip_bounded(data, what, limits.max_bytes)
+        if not data:
+            raise SnapshotError(f"the gzip-compressed {what} contains nothing (0 bytes)")
+    obj = _unpickle(data, what)
+    del data
+    check_structure(obj, what, limits)
+    snapshot = _as_snapshot(obj)
+    check_fields(snapshot)
+    return snapshot
+
+
+def large_snapshot_note(size_bytes: int) -> str | None:
+    """Say why a big snapshot file may be a problem, or ``None`` when it is not big.
+
+    Loading it here works (it is plain data); the browser viewer is what struggles.
+    """
+    if size_bytes <= LARGE_SNAPSHOT_BYTES:
+        return None
+    return (
+        f"this snapshot is {size_bytes / (1 << 30):.1f} GiB: pytorch.org/memory_viz can crash "
+        "the browser on files over 1 GB (pytorch/pytorch PR #176290). Record fewer events "
+        "(_record_memory_history(max_entries=...)) or view it with a desktop tool "
+        "such as SnapViewer"
+    )
+
+
+# ----------------------------------------------------------------- helpers
+
+
+def segments_of(snapshot: Snapshot, device: int | None = None) -> list[Segment]:
+    """The snapshot's segments, all of them or only those of one device.
+
+    A segment without a ``device`` key (very old snapshots) counts as device 0.
+    """
+    segments = snapshot["segments"]
+    if device is None:
+        return list(segments)
+    return [seg for seg in segments if seg.get("device", 0) == device]
+
+
+def devices_in(snapshot: Snapshot) -> list[int]:
+    """Devices the snapshot says anything about: with segments or with trace events.
+
+    This matches the device list pytorch.org/memory_viz offers, so users see the
+    same devices in both tools.
+    """
+    found = {seg.get("device", 0) for seg in snapshot["segments"]}
+    for index, trace in enumerate(snapshot.get("device_traces") or []):
+        if trace:
+            found.add(index)
+    return sorted(found)
+
+
+def has_trace(snapshot: Snapshot) -> bool:
+    """Whether allocation history was recorded (needed for replay and timelines)."""
+    return any(trace for trace in snapshot.get("device_traces") or [])
+
+
+def allocator_settings(snapshot: Snapshot) -> dict[str, Any] | None:
+    """The effective allocator settings torch recorded (2.3+), or ``None`` for older snapshots.
+
+    This is the only reliable read-back of what the allocator actually used.
+    """
+    settings = snapshot.get("allocator_settings")
+    return dict(settings) if isinstance(settings, dict) else None
+
+
+def requested_size_of(block: Block) -> int:
+    """Bytes the caller asked for, read the way ``torch.cuda._memory_viz._block_extra`` does.
+
+    Snapshots from 2.1+ carry ``frames`` and ``requested_size``; 2.0 blocks keep
+    the requested size as ``history[0]["real_size"]``. When neither is there the
+    block's own size is the best figure (no rounding loss can be shown).
+    """
+    size = block["size"]
+    if "frames" in block:
+        return block.get("requested_size", size)
+    history = block.get("history")
+    if history:
+        return history[0].get("real_size", size)
+    return block.get("requested_size", size)
+
+
+def segment_type_of(segment: Segment) -> str:
+    """``"large"`` or ``"small"``; inferred from the size for 2.0 snapshots that lack the key.
+
+    Classic small-pool segments are exactly 2 MiB and large-pool ones at least
+    10 MiB, so the size tells them apart when the key is missing.
+    """
+    kind = segment.get("segment_type")
+    if isinstance(kind, str):
+        return kind
+    return "small" if segment["total_size"] <= _SMALL_SEGMENT_MAX else "large"
+
+
+def pool_id_of(segment: Segment) -> tuple[int, int]:
+    """The private pool owning the segment; ``(0, 0)`` is the default pool (also before 2.1)."""
+    pool = segment.get("segment_pool_id")
+    if pool is None:
+        return (0, 0)
+    first, second = pool
+    return (int(first), int(second))
+
+
+# ----------------------------------------------------------------- writing
+
+_PLAIN_SCALARS = (str, int, float, bool, type(None))
+
+
+def _plain_data_error(path: str, value: object) -> SnapshotError:
+    return SnapshotError(
+        f"cannot save the snapshot: {path or 'the snapshot'} is a {type(value).__name__}, "
+        "but the memory viewers read only dicts, lists, tuples, strings, numbers, "
+        "booleans and None; convert it first (e.g. int(x) for numpy integers)"
+    )
+
+
+def _children(value: object, path: str) -> Iterable[tuple[str, object]]:
+    if type(value) is dict:
+        for key, item in value.items():
+            if type(key) not in (str, int):
+                raise _plain_data_error(f"{path} key {key!r}", key)
+            yield f"{path}[{key!r}]", item
+    elif type(value) in (list, tuple):
+        for index, item in enumerate(cast("list[object]", value)):
+            yield f"{path}[{index}]", item
+
+
+def _check_plain_data(root: object) -> None:
+    """Walk the object graph once; refuse any type a viewer's unpickler cannot read."""
+    seen: set[int] = set()
+    stack: list[tuple[str, object]] = [("", root)]
+    while stack:
+        path, value = stack.pop()
+        kind = type(value)
+        if kind in _PLAIN_SCALARS:
+            continue
+        if kind not in (dict, list, tuple):
+            raise _plain_data_error(path, value)
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        stack.extend(_children(value, path))
+
+
+def _for_viewer(snapshot: Snapshot) -> dict[str, Any]:
+    """A shallow copy with a ``device_traces`` list long enough for every device.
+
+    MemoryViz.js iterates ``device_traces`` to list devices and fails without it.
+    """
+    out: dict[str, Any] = dict(snapshot)
+    traces = list(out.get("device_traces") or [])
+    devices = [seg.get("device", 0) for seg in snapshot["segments"]]
+    needed = max(devices, default=-1) + 1
+    traces.extend([] for _ in range(needed - len(traces)))
+    out["device_traces"] = traces
+    return out
+
+
+def _write_atomically(path: Path, payload: bytes) -> None:
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+        Path(tmp_name).replace(path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def save_snapshot(snapshot: Snapshot, path: str | os.PathLike[str]) -> int:
+    """Write a snapshot as a plain pickle that PyTorch's viewers open; returns bytes written.
+
+    Uses pickle protocol 4, the newest that MemoryViz.js (pytorch.org/memory_viz)
+    reads, and adds an empty ``device_traces`` if missing. A name ending in
+    ``.gz`` is gzip-compressed: :func:`load_snapshot` reads that directly, but the
+    viewers need it decompressed first (``gunzip``). The file is written to a
+    temporary name and renamed, so a failure never leaves a truncated snapshot.
+
+    Raises:
+        SnapshotError: the snapshot holds a type the viewers cannot read, or the
+            file cannot be written.
+    """
+    target = Path(path)
+    _check_plain_data(snapshot)
+    payload = pickle.dumps(_for_viewer(snapshot), protocol=_VIEWER_PICKLE_PROTOCOL)
+    if target.name.endswith(".gz"):
+        payload = gzip.compress(payload, mtime=0)
+    try:
+        _write_atomically(target, payload)
+    except OSError as exc:
+        raise SnapshotError(f"cannot write snapshot file {os.fspath(path)!r}: {exc}") from exc
+    return len(payload)

@@ -1,0 +1,113 @@
+"""Blocks and free lists of the replay engine.
+
+A :class:`Block` is a piece of a segment; a :class:`FreeList` holds the cached
+blocks of one pool on one stream as a sorted list of int keys
+``size << 64 | tiebreak`` plus a dict from key to block, so best fit is one
+:func:`bisect.bisect_left` over ints. :class:`Pool` is torch's ``BlockPool``:
+one per (private pool id, small/large) across streams, owning the GC clock.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+
+KEY_SHIFT = 64
+
+
+class ExpSegment:
+    """One reserved virtual range of expandable segments: its base, page size and length."""
+
+    __slots__ = ("base", "page", "size")
+
+    def __init__(self, base: int, page: int, size: int) -> None:
+        self.base = base
+        self.page = page
+        self.size = size
+
+
+class Block:
+    """A piece of a segment: allocated, cached (in a free list), pending, or unmapped."""
+
+    __slots__ = ("busy", "fl", "gcb", "key", "mapped", "next", "pending", "prev", "ptr", "req",
+                 "seg", "size", "tb")
+
+    ptr: int
+    size: int
+    fl: FreeList
+    seg: ExpSegment | None
+    tb: int  # tie-break: address (≤2.11) or registration counter (2.12+)
+    prev: Block | None
+    next: Block | None
+    busy: bool  # allocated or waiting on record_stream events
+    pending: bool  # free requested, events outstanding
+    mapped: bool
+    req: int
+    key: int
+    gcb: int  # GC clock value when the block entered the free list
+
+    def __init__(self, ptr: int, size: int, fl: FreeList, seg: ExpSegment | None, tb: int) -> None:
+        self.ptr = ptr
+        self.size = size
+        self.fl = fl
+        self.seg = seg
+        self.tb = tb
+        self.prev = None
+        self.next = None
+        self.busy = False
+        self.pending = False
+        self.mapped = True
+        self.req = 0
+        self.key = 0
+        self.gcb = 0
+
+
+class Pool:
+    """torch's ``BlockPool``: one per (private pool id, small/large), across streams."""
+
+    __slots__ = ("clock", "default", "expandable", "lists", "pool_id", "small")
+
+    def __init__(self, small: bool, default: bool, expandable: bool,
+                 pool_id: tuple[int, int] = (0, 0)) -> None:
+        self.small = small
+        self.default = default
+        self.expandable = expandable
+        self.pool_id = pool_id
+        self.clock = 0  # get_free_blocks_call_count
+        self.lists: list[FreeList] = []  # sorted by raw stream, like torch's set order
+
+
+class FreeList:
+    """The cached blocks of one pool on one stream, plus its unmapped expandable ranges."""
+
+    __slots__ = ("blocks", "keys", "pool", "stream", "unmapped", "unmapped_ptrs")
+
+    def __init__(self, pool: Pool, stream: int) -> None:
+        self.pool = pool
+        self.stream = stream
+        self.keys: list[int] = []
+        self.blocks: dict[int, Block] = {}
+        self.unmapped: list[Block] = []  # address order
+        self.unmapped_ptrs: list[int] = []
+
+
+def insert_free(b: Block) -> None:
+    """Put a free mapped block into its (pool, stream) list, resetting its GC age."""
+    fl = b.fl
+    k = (b.size << KEY_SHIFT) | b.tb
+    insort(fl.keys, k)
+    fl.blocks[k] = b
+    b.key = k
+    b.gcb = fl.pool.clock
+
+
+def remove_free(b: Block) -> None:
+    """Take a block out of its free list."""
+    fl = b.fl
+    keys = fl.keys
+    del keys[bisect_left(keys, b.key)]
+    del fl.blocks[b.key]
+
+
+def pool_blocks(pool: Pool) -> list[Block]:
+    """Cached blocks of a pool in torch's set order: stream, size, tie-break."""
+    return [fl.blocks[k] for fl in pool.lists for k in fl.keys]

@@ -1,0 +1,103 @@
+"""Giving cached memory back: segment release, the OOM path, GC and ``empty_cache``.
+
+These are torch's ``release_block``, ``release_available_cached_blocks``,
+``release_cached_blocks`` and ``garbage_collect_cached_blocks``
+(docs/internals/allocator_facts.md §6.8–6.9), as functions of the engine.
+They run only when a request misses the cache (or the trace shows an
+``empty_cache()``), never in the hot loop.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import TYPE_CHECKING
+
+from allocconf_widget.core.sim.blocks import KEY_SHIFT, Block, FreeList, pool_blocks, remove_free
+from allocconf_widget.core.sim.expandable import release_segment, unmap_block
+from allocconf_widget.core.sim.settings import UNLIMITED
+from allocconf_widget.core.sim.trace import SEG_FREE
+
+if TYPE_CHECKING:
+    from allocconf_widget.core.sim.ports import EngineCore
+
+
+def release_block(eng: EngineCore, b: Block, i: int) -> None:
+    """``release_block``: cudaFree a whole cached classic segment."""
+    remove_free(b)
+    eng.reserved -= b.size
+    eng.num_device_free += 1
+    eng.segment_event(i, SEG_FREE, b.ptr, b.size)
+    eng.release_address(b.ptr, b.size)
+
+
+def release_oversize(eng: EngineCore, fl: FreeList, r: int, i: int) -> bool:
+    """``release_available_cached_blocks``: free oversize cached segments (§6.8)."""
+    max_split = eng.rules.max_split
+    if max_split == UNLIMITED:
+        return False
+    need = max(r, max_split)
+    keys, blocks = fl.keys, fl.blocks
+    j = bisect_left(keys, need << KEY_SHIFT)
+    if j < len(keys) and blocks[keys[j]].seg is None:
+        release_block(eng, blocks[keys[j]], i)
+        return True
+    released = 0
+    j -= 1
+    while released < need and j >= 0:
+        b = blocks[keys[j]]
+        if b.size < max_split:
+            break
+        if b.seg is None and b.prev is None and b.next is None:
+            released += b.size
+            release_block(eng, b, i)
+        j -= 1
+    return released >= need
+
+
+def free_all_cached(eng: EngineCore, i: int) -> None:
+    """``release_cached_blocks`` (OOM path and ``empty_cache``): sync, then release."""
+    eng.num_sync_all_streams += 1
+    for aid, blk in list(eng.pending.items()):
+        eng.live[aid] = None
+        eng.active -= blk.size
+        eng.requested -= blk.req
+        eng.to_cache(blk)
+    eng.pending.clear()
+    for pool in (eng.default_large, eng.default_small):
+        to_unmap: list[Block] = []
+        for b in pool_blocks(pool):
+            if b.seg is not None:
+                to_unmap.append(b)
+            elif b.prev is None and b.next is None:
+                release_block(eng, b, i)
+        for b in to_unmap:
+            unmap_block(eng, b, i)
+            if not b.mapped and b.prev is None and b.next is None:
+                release_segment(b)
+
+
+def collect_garbage(eng: EngineCore, i: int) -> None:
+    """``garbage_collect_cached_blocks``: release old whole large segments (§6.9)."""
+    rules = eng.rules
+    assert rules.allowed_max is not None
+    budget = int(rules.gc_threshold * rules.allowed_max)
+    if eng.reserved <= budget:
+        return
+    target = eng.reserved - budget
+    pool = eng.default_large
+    clock = pool.clock
+    whole = [b for b in pool_blocks(pool) if b.prev is None and b.next is None]
+    total_age = sum(clock - b.gcb for b in whole)
+    count = len(whole)
+    reclaimed = 0
+    freed = True
+    while reclaimed < target and freed and count > 0:
+        threshold = total_age / count
+        freed = False
+        for b in pool_blocks(pool):
+            if b.prev is None and b.next is None and b.seg is None and clock - b.gcb >= threshold:
+                freed = True
+                reclaimed += b.size
+                total_age -= clock - b.gcb
+                count -= 1
+                release_block(eng, b, i)

@@ -1,0 +1,274 @@
+"""Recommend allocator settings by replaying a trace under a grid of candidates.
+
+The grid is the usual advice (expandable segments, ``max_split_size_mb``,
+``roundup_power2_divisions``, the GC threshold when a memory fraction is in
+force), filtered to what the given torch release accepts. Every candidate is
+replayed; results are ranked by "does it run out of memory", then by peak
+reserved memory, each with a one-line reason a person can check. Candidates
+are option strings validated by ``core.conf.parse_conf`` before they are
+simulated, so nothing recommended here can be rejected by torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from allocconf_widget._errors import AllocConfError, AllocConfWarning
+from allocconf_widget.core.sim.result import Fidelity, SimResult
+from allocconf_widget.core.sim.settings import MIB, SimSettings, parse_torch_version
+from allocconf_widget.core.sim.simulator import simulate_many
+from allocconf_widget.core.sim.trace import Trace
+from allocconf_widget.core.units import format_bytes
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One replayed configuration and how it compares with the current one."""
+
+    conf: str  # the PYTORCH_CUDA_ALLOC_CONF value to set ("" = torch's defaults)
+    kind: str  # current, defaults, expandable, max_split, roundup, gc, combo, extra
+    settings: SimSettings
+    result: SimResult
+    reason: str
+    is_current: bool
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain dict: the conf string, the reason and the prediction."""
+        out = self.result.to_json()
+        out.pop("series", None)
+        out.update(conf=self.conf, kind=self.kind, reason=self.reason, is_current=self.is_current)
+        return out
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """Ranked candidates (best first), the current configuration, and how far to trust it."""
+
+    candidates: tuple[Candidate, ...]
+    current: Candidate
+    fidelity: Fidelity | None
+    torch_version: tuple[int, int]
+    device_total: int | None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def best(self) -> Candidate:
+        """The top-ranked candidate (may be the current settings)."""
+        return self.candidates[0]
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain dict for JSON output."""
+        return {
+            "torch_version": f"{self.torch_version[0]}.{self.torch_version[1]}",
+            "device_total": self.device_total,
+            "fidelity": self.fidelity.to_json() if self.fidelity is not None else None,
+            "notes": list(self.notes),
+            "candidates": [c.to_json() for c in self.candidates],
+        }
+
+
+def candidate_confs(version: tuple[int, int], *, with_fraction: bool) -> list[tuple[str, str]]:
+    """The grid as ``(conf, kind)`` pairs for a torch release.
+
+    GC thresholds appear only ``with_fraction`` (without a memory-fraction limit
+    the GC never runs, §6.9); expandable segments from 2.1; the
+    ``max_non_split_rounding_mb`` combination from 2.6.
+    """
+    grid: list[tuple[str, str]] = [("", "defaults")]
+    if version >= (2, 1):
+        grid.append(("expandable_segments:True", "expandable"))
+    grid += [(f"max_split_size_mb:{n}", "max_split") for n in (128, 256, 512)]
+    grid += [(f"roundup_power2_divisions:{d}", "roundup") for d in (4, 8, 16)]
+    grid.append(("max_split_size_mb:256,roundup_power2_divisions:4", "combo"))
+    if version >= (2, 6):
+        grid.append(("max_split_size_mb:256,max_non_split_rounding_mb:512", "combo"))
+    if with_fraction:
+        grid += [(f"garbage_collection_threshold:{t}", "gc") for t in (0.6, 0.8)]
+        grid.append(("garbage_collection_threshold:0.6,max_split_size_mb:128", "gc"))
+    return grid
+
+
+def _settings_for(conf: str, version: tuple[int, int]) -> SimSettings:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AllocConfWarning)  # traps are explained by the reason
+        return SimSettings.from_string(conf, version)
+
+
+def recommend(
+    trace: Trace,
+    *,
+    torch_version: Any,
+    current_settings: SimSettings | None = None,
+    current_conf: str | None = None,
+    device_total: int | None = None,
+    non_pytorch_bytes: int = 0,
+    fraction: float | None = None,
+    extra_confs: Iterable[str] | None = (),
+    workers: int | None = None,
+) -> Recommendation:
+    """Replay the candidate grid and rank it.
+
+    Args:
+        current_settings: what the trace ran with (e.g. from the snapshot's
+            ``allocator_settings``); replayed with the fidelity self-check.
+        current_conf: the current option string, used when ``current_settings``
+            is not given (and as its label).
+        fraction: ``torch.cuda.set_per_process_memory_fraction`` value in force;
+            applied to every candidate (it is a limit, not a tuning knob).
+        extra_confs: more option strings to try (validated; invalid ones raise).
+    """
+    version = parse_torch_version(torch_version)
+    if current_settings is None:
+        current_settings = _settings_for(current_conf or "", version)
+    if fraction is None:
+        fraction = current_settings.per_process_memory_fraction
+    notes: list[str] = []
+    if device_total is None and (usable := trace.inferred_usable_bytes()) is not None:
+        device_total, non_pytorch_bytes = usable, 0
+        notes.append(f"device capacity {format_bytes(usable)} inferred from the trace's OOM entry")
+    label = current_conf if current_conf is not None else current_settings.describe()
+    current = dataclasses.replace(current_settings, per_process_memory_fraction=fraction, label=label)
+
+    entries: list[tuple[str, str, SimSettings]] = [(label, "current", current)]
+    grid = candidate_confs(version, with_fraction=fraction is not None and device_total is not None)
+    for conf, kind in grid + [(c, "extra") for c in extra_confs or ()]:
+        try:
+            s = _settings_for(conf, version)
+        except AllocConfError:
+            if kind == "extra":
+                raise
+            continue  # a grid entry this release rejects (e.g. minimum sizes)
+        s = dataclasses.replace(s, per_process_memory_fraction=fraction, label=conf)
+        if all(s != other for _, _, other in entries):
+            entries.append((conf, kind, s))
+
+    # The last run is the self-check: it replays the current settings on the recorded
+    # segment addresses. Ranking uses the plain replay, so every candidate shares one
+    # address model and equal behaviour shows as equal numbers.
+    results = simulate_many(
+        trace,
+        [s for _, _, s in entries] + [current],
+        device_total=device_total,
+        non_pytorch_bytes=non_pytorch_bytes,
+        workers=workers,
+        check=[False] * len(entries) + [True],
+    )
+    fidelity = results.pop().fidelity
+    base = results[0]
+    candidates = [
+        Candidate(conf, kind, s, r, _reason(kind, s, r, base), kind == "current")
+        for (conf, kind, s), r in zip(entries, results, strict=True)
+    ]
+    candidates.sort(key=_rank_key)
+    if fidelity is not None and fidelity.recorded_events == 0:
+        notes.append("the trace holds no segment events, so the model could not be checked")
+    elif fidelity is not None and not fidelity.exact:
+        notes.append(
+            "the replay of the current settings does not reproduce the recorded segment "
+            f"events exactly ({fidelity.summary()}); treat the ranking as approximate"
+        )
+    if trace.initial_state is not None:
+        notes.append(
+            f"the replays start from {trace.initial_state.provenance()} "
+            f"({trace.initial_state.describe()}): each candidate is replayed as if switched now, "
+            "mid-run, keeping those segments; peaks cover the recorded window")
+    elif trace.initial_note:
+        notes.append(trace.initial_note)
+    if trace.partial:
+        notes.append("the trace is partial (ring buffer wrapped): peaks cover only its window")
+    return Recommendation(
+        candidates=tuple(candidates),
+        current=next(c for c in candidates if c.is_current),
+        fidelity=fidelity,
+        torch_version=version,
+        device_total=device_total,
+        notes=tuple(notes),
+    )
+
+
+def _rank_key(c: Candidate) -> tuple[bool, int, int, int, bool, int]:
+    r = c.result
+    failed = r.oom is not None
+    reach = -r.events if failed else 0  # among failures, the one that gets furthest
+    return (failed, reach, r.peak_reserved_bytes, r.num_alloc_retries, not c.is_current, len(c.conf))
+
+
+_WHY_BETTER = {
+    "expandable": "expandable segments map memory in pages instead of carving fixed segments",
+    "max_split": "blocks of {split} and more are never split, so small requests cannot "
+    "fragment the big cached blocks",
+    "roundup": "rounding sizes up to 1/{div} steps of a power of two lets similar sizes "
+    "share cached blocks",
+    "gc": "cached segments that sat unused are released once reserved passes "
+    "{gc:.0%} of the allowed memory",
+    "defaults": "torch's defaults",
+}
+_WHY_WORSE = {
+    "expandable": "mapping in {page} pages costs more than it saves for this trace",
+    "max_split": "blocks of {split} and more are reused only for requests within {slack} "
+    "of their size and released only on the OOM path, so large requests keep adding segments",
+    "roundup": "rounding sizes up to 1/{div} steps of a power of two pads every allocation",
+    "gc": "releasing idle segments early means re-allocating them later",
+    "defaults": "torch's defaults",
+}
+
+
+def _reason(kind: str, s: SimSettings, r: SimResult, base: SimResult) -> str:
+    """One line: the numbers against the current settings, then the mechanism."""
+    if kind == "current":
+        text = (
+            f"current settings: peak reserved {format_bytes(r.peak_reserved_bytes)} for "
+            f"{format_bytes(r.peak_allocated_bytes)} peak allocated"
+        )
+        if r.oom is not None:
+            text += f"; runs out of memory at event {r.oom.event_index:,}"
+        return text
+    params = {
+        "split": format_bytes(s.max_split_bytes or 0),
+        "slack": format_bytes(s.max_non_split_rounding_bytes or 20 * MIB),
+        "div": max(s.roundup_slots),
+        "gc": s.gc_threshold,
+        "page": format_bytes(s.large_segment_bytes),
+    }
+    if r.oom is not None:
+        head = (
+            f"runs out of memory at event {r.oom.event_index:,} "
+            f"(needs {format_bytes(r.oom.segment_bytes)} with "
+            f"{format_bytes(r.oom.reserved_bytes)} reserved"
+        )
+        if base.oom is not None:
+            head += f"; now at event {base.oom.event_index:,}"
+        further = base.oom is not None and r.events > base.events
+        return f"{head}): {_why(kind, s, better=further).format(**params)}"
+    new, old = r.peak_reserved_bytes, base.peak_reserved_bytes
+    if new == old:
+        head = f"same peak reserved as now ({format_bytes(new)})"
+    else:
+        ratio = (new - old) / old if old else 0.0
+        change = f"{ratio:+.1%}" if abs(ratio) < 0.095 else f"{ratio:+.0%}"
+        change = change.replace("-", "−") if old else "new"
+        head = f"peak reserved {format_bytes(new)} vs {format_bytes(old)} now ({change})"
+    if base.oom is not None:
+        head = f"avoids the OOM at event {base.oom.event_index:,}; " + head
+    return f"{head}: {_why(kind, s, better=new <= old).format(**params)}"
+
+
+def _why(kind: str, s: SimSettings, *, better: bool) -> str:
+    if kind in ("combo", "extra"):
+        parts = []
+        if s.expandable_segments:
+            parts.append("expandable")
+        if s.max_split_bytes is not None:
+            parts.append("max_split")
+        if any(s.roundup_slots):
+            parts.append("roundup")
+        if s.gc_threshold:
+            parts.append("gc")
+        table = _WHY_BETTER if better else _WHY_WORSE
+        return "; ".join(table[p] for p in parts) or table["defaults"]
+    table = _WHY_BETTER if better else _WHY_WORSE
+    return table.get(kind, table["defaults"])

@@ -1,0 +1,294 @@
+"""Result types of the replay simulator, and the fidelity comparison.
+
+Everything here is a frozen dataclass of plain values so results pickle back
+from worker processes and serialise with :meth:`SimResult.to_json` without
+custom encoders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from difflib import SequenceMatcher
+from typing import TYPE_CHECKING, Any
+
+from allocconf_widget.core.sim.trace import SEG_NAMES
+
+if TYPE_CHECKING:
+    from allocconf_widget.core.sim.settings import SimSettings
+    from allocconf_widget.core.sim.trace import Trace
+
+#: (trace event index, segment event kind, address, size)
+SegmentEvent = tuple[int, int, int, int]
+
+
+@dataclass(frozen=True)
+class OomInfo:
+    """An allocation the simulated allocator could not serve.
+
+    ``recorded`` is True when the real run failed there as well (an ``oom``
+    entry in the trace, which the program survived); ``rejected`` when
+    ``throw_on_cudamalloc_oom`` refused the segment without trying cudaMalloc.
+    """
+
+    event_index: int
+    requested_bytes: int
+    rounded_bytes: int
+    segment_bytes: int
+    reserved_bytes: int
+    allocated_bytes: int
+    recorded: bool = False
+    rejected: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain dict for JSON output."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where the simulated segment events first differ from the recorded ones."""
+
+    position: int  # index into the segment-event sequence
+    recorded_event_index: int | None  # trace index of the expected event
+    simulated_event_index: int | None  # trace index at which the simulator acted
+    expected: str | None  # e.g. "segment_alloc 20971520"
+    got: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain dict for JSON output."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """How well a replay under the recorded settings reproduces the real allocator.
+
+    ``reproduced`` = recorded segment events matched in order with equal kind
+    and size (longest matching alignment); ``score`` divides that by the longer
+    of the two sequences so extra simulated events also cost.
+    """
+
+    recorded_events: int
+    simulated_events: int
+    matched_events: int
+    exact: bool
+    first_divergence: Divergence | None
+    recorded_peak_reserved_bytes: int
+    simulated_peak_reserved_bytes: int
+    partial_trace: bool
+    notes: tuple[str, ...] = ()
+
+    @property
+    def checked(self) -> bool:
+        """False when the trace has no segment events to compare with (nothing was verified)."""
+        return self.recorded_events > 0
+
+    @property
+    def reproduced(self) -> float:
+        """Fraction of recorded segment events reproduced (1.0 when there are none)."""
+        return self.matched_events / self.recorded_events if self.recorded_events else 1.0
+
+    @property
+    def score(self) -> float:
+        """Matched events over the longer sequence, in [0, 1]."""
+        longest = max(self.recorded_events, self.simulated_events)
+        return self.matched_events / longest if longest else 1.0
+
+    @property
+    def peak_matches(self) -> bool:
+        """Simulated peak reserved equals the peak the recorded segment events imply."""
+        return self.recorded_peak_reserved_bytes == self.simulated_peak_reserved_bytes
+
+    def summary(self) -> str:
+        """One line for people."""
+        if self.recorded_events == 0:
+            if self.simulated_events:
+                return (f"no recorded segment events to check against, but the replay made "
+                        f"{self.simulated_events}: the model needed memory the real run did not")
+            return "no recorded segment events to check against (the replay made none either)"
+        text = (
+            f"{self.matched_events}/{self.recorded_events} recorded segment events reproduced "
+            f"({100 * self.reproduced:.1f}%), peak reserved "
+            f"{'matches' if self.peak_matches else 'differs'}"
+        )
+        if self.first_divergence is not None:
+            d = self.first_divergence
+            text += f"; first divergence at segment event {d.position}: expected {d.expected}, got {d.got}"
+        if self.partial_trace:
+            text += "; trace is partial (ring buffer wrapped), so the start state is unknown"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain dict for JSON output (derived ratios included)."""
+        out = dataclasses.asdict(self)
+        out["first_divergence"] = (
+            self.first_divergence.to_json() if self.first_divergence is not None else None
+        )
+        out["notes"] = list(self.notes)
+        out["reproduced"] = round(self.reproduced, 6)
+        out["score"] = round(self.score, 6)
+        out["peak_matches"] = self.peak_matches
+        out["checked"] = self.checked
+        return out
+
+
+@dataclass(frozen=True)
+class SimSeries:
+    """Reserved/allocated over the replay, decimated to a bounded number of points.
+
+    Each point covers a bucket of consecutive operations: ``reserved_bytes`` and
+    ``allocated_bytes`` are the bucket maxima (so the global peaks survive
+    decimation); ``fragmentation`` is the cached share of reserved memory,
+    ``(reserved − allocated) / reserved``, at the bucket's end.
+    """
+
+    event_index: tuple[int, ...] = ()
+    time_us: tuple[int, ...] = ()
+    reserved_bytes: tuple[int, ...] = ()
+    allocated_bytes: tuple[int, ...] = ()
+    fragmentation: tuple[float, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain dict of lists."""
+        return {k: list(v) for k, v in dataclasses.asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What one replay predicts. Byte counts are ints; peaks are since the trace start."""
+
+    settings: SimSettings
+    events: int
+    ops: int
+    peak_reserved_bytes: int
+    peak_allocated_bytes: int
+    peak_active_bytes: int
+    final_reserved_bytes: int
+    final_allocated_bytes: int
+    num_device_alloc: int
+    num_device_free: int
+    num_alloc_retries: int
+    num_ooms: int
+    num_oom_rejections: int
+    num_sync_all_streams: int
+    oom: OomInfo | None
+    recorded_ooms: int
+    recorded_ooms_avoided: int
+    stopped_early: bool
+    series: SimSeries
+    seconds: float
+    device_total: int | None
+    partial_trace: bool
+    fidelity: Fidelity | None = None
+    segment_events: tuple[SegmentEvent, ...] = ()
+    initial_state_source: str | None = None  # "recorded" / "reconstructed"; None: empty start
+    initial_reserved_bytes: int = 0
+    initial_allocated_bytes: int = 0
+
+    @property
+    def fragmentation_at_peak(self) -> float:
+        """1 − peak allocated / peak reserved (GMLake's fragmentation ratio, from peaks)."""
+        if not self.peak_reserved_bytes:
+            return 0.0
+        return 1.0 - self.peak_allocated_bytes / self.peak_reserved_bytes
+
+    def with_fidelity(self, fidelity: Fidelity | None) -> SimResult:
+        """Copy carrying a self-check result beside the prediction."""
+        return dataclasses.replace(self, fidelity=fidelity)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain dict; ``segment_events`` are left out (they can be huge)."""
+        return {
+            "conf": self.settings.describe(),
+            "torch_version": f"{self.settings.torch_version[0]}.{self.settings.torch_version[1]}",
+            "events": self.events,
+            "ops": self.ops,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "peak_active_bytes": self.peak_active_bytes,
+            "final_reserved_bytes": self.final_reserved_bytes,
+            "final_allocated_bytes": self.final_allocated_bytes,
+            "fragmentation_at_peak": round(self.fragmentation_at_peak, 6),
+            "num_device_alloc": self.num_device_alloc,
+            "num_device_free": self.num_device_free,
+            "num_alloc_retries": self.num_alloc_retries,
+            "num_ooms": self.num_ooms,
+            "num_oom_rejections": self.num_oom_rejections,
+            "num_sync_all_streams": self.num_sync_all_streams,
+            "oom": self.oom.to_json() if self.oom is not None else None,
+            "recorded_ooms": self.recorded_ooms,
+            "recorded_ooms_avoided": self.recorded_ooms_avoided,
+            "stopped_early": self.stopped_early,
+            "device_total": self.device_total,
+            "partial_trace": self.partial_trace,
+            "initial_state": None if self.initial_state_source is None else {
+                "source": self.initial_state_source,
+                "reserved_bytes": self.initial_reserved_bytes,
+                "allocated_bytes": self.initial_allocated_bytes,
+            },
+            "seconds": round(self.seconds, 6),
+            "fidelity": self.fidelity.to_json() if self.fidelity is not None else None,
+            "series": self.series.to_json(),
+        }
+
+
+def compare_segments(
+    trace: Trace, simulated: tuple[SegmentEvent, ...], simulated_peak: int
+) -> Fidelity:
+    """Compare the simulator's own segment events with the trace's, in order.
+
+    The alignment uses :class:`difflib.SequenceMatcher` on (kind, size) pairs:
+    linear-ish on the long identical runs a faithful replay produces, and
+    tolerant of a local difference without scoring everything after it as lost.
+    """
+    rec = list(zip(trace.seg_kinds, trace.seg_sizes, strict=True))
+    sim = [(kind, size) for _, kind, _, size in simulated]
+    prefix = 0
+    limit = min(len(rec), len(sim))
+    while prefix < limit and rec[prefix] == sim[prefix]:
+        prefix += 1
+    exact = prefix == len(rec) == len(sim)
+    if exact:
+        matched = prefix
+    else:
+        tail = SequenceMatcher(None, rec[prefix:], sim[prefix:], autojunk=False)
+        matched = prefix + sum(block.size for block in tail.get_matching_blocks())
+    divergence = None
+    if not exact:
+        divergence = Divergence(
+            position=prefix,
+            recorded_event_index=trace.seg_index[prefix] if prefix < len(rec) else None,
+            simulated_event_index=simulated[prefix][0] if prefix < len(sim) else None,
+            expected=_label(rec[prefix]) if prefix < len(rec) else None,
+            got=_label(sim[prefix]) if prefix < len(sim) else None,
+        )
+    notes: list[str] = []
+    if trace.initial_state is not None:
+        notes.append(f"replay started from {trace.initial_state.provenance()} "
+                     f"({trace.initial_state.describe()})")
+    elif trace.initial_note:
+        notes.append(trace.initial_note)
+    if trace.partial:
+        notes.append(
+            f"{trace.unknown_frees} frees of addresses allocated before the trace began: "
+            "the recorded window starts from an unknown allocator state"
+        )
+    if trace.empty_cache_calls:
+        notes.append(f"{trace.empty_cache_calls} torch.cuda.empty_cache() calls inferred")
+    return Fidelity(
+        recorded_events=len(rec),
+        simulated_events=len(sim),
+        matched_events=matched,
+        exact=exact,
+        first_divergence=divergence,
+        recorded_peak_reserved_bytes=trace.recorded_reserved_peak(),
+        simulated_peak_reserved_bytes=simulated_peak,
+        partial_trace=trace.partial,
+        notes=tuple(notes),
+    )
+
+
+def _label(event: tuple[int, int]) -> str:
+    kind, size = event
+    return f"{SEG_NAMES[kind]} {size}"

@@ -1,0 +1,258 @@
+"""What-if replay simulator: predict the CUDA caching allocator under other settings.
+
+Typical use::
+
+    snap = load_snapshot("trace.pickle")
+    trace = extract_trace(snap)
+    recorded = SimSettings.from_allocator_settings(snap["allocator_settings"], (2, 11))
+    print(self_check(trace, recorded).summary())          # can we trust the model here?
+    results = simulate_many(trace, [recorded, SimSettings(expandable_segments=True,
+                                                          torch_version=(2, 11))])
+
+The engine lives in :mod:`.engine` (hot loop, new segments), with
+:mod:`.blocks` (blocks, free lists), :mod:`.reclaim` (OOM path, GC,
+``empty_cache``) and :mod:`.expandable`; the start state of traces recorded
+mid-run (recorded, or reconstructed backwards) in :mod:`.state`; settings and release rules in
+:mod:`.settings`; result types and the fidelity comparison in
+:mod:`.result`; trace decoding in :mod:`.trace`. Standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from allocconf_widget.core.sim.engine import Engine
+from allocconf_widget.core.sim.result import (
+    Divergence,
+    Fidelity,
+    OomInfo,
+    SimResult,
+    SimSeries,
+    compare_segments,
+)
+from allocconf_widget.core.sim.settings import SimSettings, parse_torch_version, round_size
+from allocconf_widget.core.sim.state import AllocatorState, reconstruct_initial_state
+from allocconf_widget.core.sim.trace import Trace, decode_entries, extract_trace
+
+__all__ = [
+    "AllocatorState",
+    "Divergence",
+    "Fidelity",
+    "OomInfo",
+    "SimResult",
+    "SimSeries",
+    "SimSettings",
+    "Trace",
+    "decode_entries",
+    "extract_trace",
+    "infer_torch_version",
+    "parse_torch_version",
+    "reconstruct_initial_state",
+    "replay_state",
+    "round_size",
+    "self_check",
+    "simulate",
+    "simulate_many",
+]
+
+
+def simulate(
+    trace: Trace,
+    settings: SimSettings,
+    *,
+    device_total: int | None = None,
+    non_pytorch_bytes: int = 0,
+    stop_at_oom: bool = True,
+    check: bool = False,
+    record_segments: bool = False,
+    series_points: int = 1000,
+) -> SimResult:
+    """Replay ``trace`` under ``settings`` and predict reserved memory, OOMs and counters.
+
+    Args:
+        device_total: device memory in bytes (``totalGlobalMem``); ``None`` means
+            unlimited: cudaMalloc never fails and no fraction limit applies.
+        non_pytorch_bytes: memory used outside the allocator (CUDA context,
+            libraries, other processes); cudaMalloc fails when a new segment does
+            not fit in ``device_total − non_pytorch_bytes``.
+        stop_at_oom: stop at the first allocation that fails, as the real program
+            would have raised there. OOMs recorded in the trace (which the program
+            survived) never stop the replay.
+        check: compare the simulated segment events with the recorded ones and
+            attach a :class:`Fidelity`. Meaningful only for the recorded settings;
+            it also makes new segments reuse the recorded addresses, so
+            address-ordered tie-breaks (≤ 2.11) match the real run.
+        record_segments: keep the simulated segment events in the result.
+        series_points: upper bound on points in the reserved/fragmentation series.
+    """
+    engine = Engine(
+        trace,
+        settings,
+        device_total=device_total,
+        non_pytorch_bytes=non_pytorch_bytes,
+        stop_at_oom=stop_at_oom,
+        record_segments=record_segments or check,
+        address_hints=check,
+    )
+    result = engine.run(series_points)
+    if check:
+        fidelity = compare_segments(trace, tuple(engine.seg_events), result.peak_reserved_bytes)
+        events = result.segment_events if record_segments else ()
+        result = dataclasses.replace(result, fidelity=fidelity, segment_events=events)
+    return result
+
+
+def replay_state(
+    trace: Trace,
+    settings: SimSettings,
+    *,
+    device_total: int | None = None,
+    non_pytorch_bytes: int = 0,
+    check: bool = True,
+) -> AllocatorState:
+    """The simulated allocator's segments and blocks after replaying the whole trace.
+
+    With ``check`` (the default) new segments take the recorded addresses, so under
+    the recorded settings the result can be compared with the snapshot's final
+    ``segments`` (``AllocatorState.from_snapshot_segments(snapshot["segments"])``).
+    The replay does not stop at an OOM.
+    """
+    engine = Engine(trace, settings, device_total=device_total, non_pytorch_bytes=non_pytorch_bytes,
+                    stop_at_oom=False, address_hints=check)
+    engine.run(1)
+    return engine.export_state()
+
+
+def self_check(
+    trace: Trace,
+    recorded_settings: SimSettings,
+    *,
+    device_total: int | None = None,
+    non_pytorch_bytes: int = 0,
+) -> Fidelity:
+    """Replay under the settings the trace was recorded with and score the match.
+
+    Without ``device_total`` the capacity is inferred from the first recorded OOM
+    (see :meth:`Trace.inferred_usable_bytes`), so OOM-path releases replay too. A
+    trace with a start state (``trace.initial_state``) replays from it.
+    """
+    if device_total is None and recorded_settings.per_process_memory_fraction is None:
+        device_total, non_pytorch_bytes = trace.inferred_usable_bytes(), 0
+    result = simulate(
+        trace,
+        recorded_settings,
+        device_total=device_total,
+        non_pytorch_bytes=non_pytorch_bytes,
+        stop_at_oom=False,
+        check=True,
+    )
+    assert result.fidelity is not None
+    return result.fidelity
+
+
+# ------------------------------------------------------------- parallel replay
+_WORKER_TRACE: Trace | None = None
+
+
+def _init_worker(trace: Trace) -> None:
+    global _WORKER_TRACE  # noqa: PLW0603 - one trace per worker process, set once
+    _WORKER_TRACE = trace
+
+
+def _simulate_in_worker(settings: SimSettings, kwargs: dict[str, Any]) -> SimResult:
+    assert _WORKER_TRACE is not None
+    return simulate(_WORKER_TRACE, settings, **kwargs)
+
+
+def simulate_many(
+    trace: Trace,
+    settings_list: Iterable[SimSettings],
+    *,
+    device_total: int | None = None,
+    non_pytorch_bytes: int = 0,
+    stop_at_oom: bool = True,
+    workers: int | None = None,
+    series_points: int = 1000,
+    check: Sequence[bool] | None = None,
+) -> list[SimResult]:
+    """Replay several configurations, in parallel processes when there are several.
+
+    The trace goes to each worker once (its columns are ``array`` objects, which
+    pickle as raw bytes); each task then ships only a small :class:`SimSettings`.
+    One configuration, ``workers=1``, or a platform that cannot start processes
+    runs in this process. Results come back in input order. ``check`` holds a
+    :func:`simulate` ``check`` flag per configuration (for the recorded one).
+    """
+    configs = list(settings_list)
+    base: dict[str, Any] = {
+        "device_total": device_total,
+        "non_pytorch_bytes": non_pytorch_bytes,
+        "stop_at_oom": stop_at_oom,
+        "series_points": series_points,
+    }
+    flags = list(check) if check is not None else [False] * len(configs)
+    if len(flags) != len(configs):
+        raise ValueError("check needs one flag per configuration")
+    per_config = [{**base, "check": flag} for flag in flags]
+    if workers is None:
+        workers = os.cpu_count() or 1
+    workers = min(workers, len(configs))
+    if workers > 1:
+        try:
+            with ProcessPoolExecutor(
+                max_workers=workers, initializer=_init_worker, initargs=(trace,)
+            ) as pool:
+                return list(pool.map(_simulate_in_worker, configs, per_config))
+        except (OSError, BrokenProcessPool, NotImplementedError):
+            pass  # e.g. a sandbox without process support: fall back below
+    return [simulate(trace, s, **kw) for s, kw in zip(configs, per_config, strict=True)]
+
+
+#: First releases of each set of replay rules (docs/internals/allocator_facts.md §6.14): expandable
+#: segments, the d > 1 division rule, max_non_split_rounding, the fraction < 1 GC
+#: precondition, large_segment_size, the registration-counter tie-break.
+RULE_CHANGES = ((2, 0), (2, 1), (2, 4), (2, 6), (2, 10), (2, 11), (2, 12))
+
+
+def infer_torch_version(
+    trace: Trace,
+    allocator_settings: Mapping[str, Any] | None,
+    *,
+    floor: tuple[int, int] = (2, 0),
+    prefer: tuple[int, int] | None = None,
+    device_total: int | None = None,
+    non_pytorch_bytes: int = 0,
+    fraction: float | None = None,
+) -> tuple[tuple[int, int], Fidelity | None]:
+    """Pick the torch release whose allocator rules best reproduce the trace.
+
+    Snapshots do not say which torch wrote them, and the rules differ between
+    releases (most visibly the equal-size tie-break: address up to 2.11, a
+    counter from 2.12). Each rule set from ``floor`` on is self-checked; the
+    best match wins, ties going to ``prefer`` (e.g. the installed torch), then
+    to the newest release. Without recorded segment events nothing can be
+    told apart: ``prefer`` (or ``floor``) is returned with no fidelity.
+    """
+    candidates = {v for v in RULE_CHANGES if v >= floor}
+    candidates.add(max(floor, RULE_CHANGES[0]))
+    if prefer is not None and prefer >= floor:
+        candidates.add(prefer)
+    fallback = prefer if prefer is not None and prefer >= floor else floor
+    if not len(trace.seg_kinds):
+        return fallback, None
+    scored = []
+    for version in sorted(candidates):
+        settings = SimSettings.from_allocator_settings(allocator_settings, version)
+        if fraction is not None:
+            settings = dataclasses.replace(settings, per_process_memory_fraction=fraction)
+        fidelity = self_check(trace, settings, device_total=device_total,
+                              non_pytorch_bytes=non_pytorch_bytes)
+        rank = (fidelity.score, fidelity.peak_matches, version == prefer, version)
+        scored.append((rank, version, fidelity))
+    _, version, fidelity = max(scored)
+    return version, fidelity

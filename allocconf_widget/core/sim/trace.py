@@ -1,0 +1,618 @@
+"""Turn a snapshot's allocator trace into compact, replay-ready integer arrays.
+
+A snapshot's ``device_traces[d]`` is a list of dicts, one per allocator event.
+Replaying many configurations over a million of them would spend most of its
+time on dict lookups, so :func:`extract_trace` decodes the list once into
+parallel ``array`` columns (operation code, address id, size, lane, original
+index, time). Arrays pickle as raw bytes, which makes shipping a trace to
+worker processes cheap.
+
+Decoding also does the bookkeeping the engine should not pay for per event:
+
+* addresses are interned to dense ids so the engine can index a list;
+* a ``free_requested`` immediately followed by its ``free_completed`` (the
+  usual case, no ``record_stream``) becomes one ``FREE`` operation;
+* frees of addresses never allocated in the trace (a ring buffer that dropped
+  its oldest entries) are counted and dropped: the trace is *partial*;
+* bursts of ``segment_free``/``segment_unmap`` that no allocation explains are
+  ``torch.cuda.empty_cache()`` calls, replayed as ``EMPTY_CACHE``;
+* the recorded segment events are kept aside as the fidelity reference.
+
+A trace recorded mid-run (a notebook cell after the model was built, a ring buffer
+that wrapped) does not start from an empty allocator. :func:`extract_trace` then
+attaches the allocator state at the trace's start (:mod:`.state`): the one the
+recorder saved (``allocconf_initial_segments``), else one reconstructed backwards
+from the snapshot's final segments. Its live blocks are known addresses to the
+decoder, so their later frees replay; the engine starts from its segments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from allocconf_widget._errors import SnapshotError
+from allocconf_widget.core.sim.state import (
+    INITIAL_SEGMENTS_KEY,
+    PENDING,
+    RECORDED,
+    AllocatorState,
+    ReconstructionError,
+    as_int,
+    pool_id_of_entry,
+    reconstruct_initial_state,
+    start_state_evidence,
+)
+
+OP_ALLOC = 0
+OP_FREE = 1  # free_requested + free_completed at once
+OP_FREE_REQUESTED = 2  # allocated drops; block stays unusable (record_stream)
+OP_FREE_COMPLETED = 3  # pending block returns to the cache
+OP_OOM = 4  # a recorded OOM: retry the request (size is already rounded)
+OP_EMPTY_CACHE = 5  # torch.cuda.empty_cache() inferred from an unexplained release burst
+
+SEG_ALLOC = 0
+SEG_FREE = 1
+SEG_MAP = 2
+SEG_UNMAP = 3
+SEG_NAMES = ("segment_alloc", "segment_free", "segment_map", "segment_unmap")
+_SEG_CODES = {name: code for code, name in enumerate(SEG_NAMES)}
+_RELEASES = frozenset(("segment_free", "segment_unmap"))
+_BURST_FILLER = frozenset(("segment_free", "segment_unmap", "free_completed"))
+_EXPLAINS_RELEASE = frozenset(("segment_alloc", "segment_map", "oom"))
+
+NO_HISTORY_HELP = (
+    "this snapshot was recorded without allocation history, so there is nothing to replay. "
+    "Record one with torch.cuda.memory._record_memory_history(max_entries=1_000_000) "
+    "before the workload runs, then torch.cuda.memory._dump_snapshot('trace.pickle')"
+)
+
+
+@dataclass(frozen=True)
+class RecordedOom:
+    """An ``oom`` entry: the real allocator failed this (rounded) request."""
+
+    event_index: int
+    size: int
+    device_free: int
+    stream: int
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """One device's trace, decoded once for fast replay.
+
+    The ``ops``/``addr_ids``/``sizes``/``lanes``/``op_index``/``op_time_us``
+    columns run in parallel, one row per replayed operation. A lane is one
+    (private pool id, stream) pair; blocks are never shared between lanes.
+    """
+
+    device: int
+    num_events: int
+    ops: array[int]
+    addr_ids: array[int]
+    sizes: array[int]
+    lanes: array[int]
+    op_index: array[int]
+    op_time_us: array[int]
+    num_addresses: int
+    lane_streams: tuple[int, ...]
+    lane_pools: tuple[tuple[int, int], ...]
+    seg_kinds: array[int]
+    seg_sizes: array[int]
+    seg_addrs: array[int]
+    seg_index: array[int]
+    ooms: tuple[RecordedOom, ...]
+    action_counts: tuple[tuple[str, int], ...]
+    unknown_frees: int
+    first_unknown_free: int | None
+    empty_cache_calls: int
+    initial_state: AllocatorState | None = None
+    initial_note: str | None = None
+
+    def replay_columns(self) -> tuple[list[int], list[int], list[int], list[int]]:
+        """(ops, address ids, sizes, lanes) as lists, built once per process and cached.
+
+        Equal values share one int object (a size that occurs 10,000 times is one
+        object, not 10,000), which keeps the lists small and cache-friendly: the
+        replay is memory-bound, and two replays on two cores slow each other down
+        far less this way. Lists are faster to iterate than ``array`` (no int
+        boxing per element).
+        """
+        cached: tuple[list[int], list[int], list[int], list[int]] | None
+        cached = self.__dict__.get("_columns")
+        if cached is None:
+            ids = list(range(self.num_addresses))
+            shared: dict[int, int] = {}
+            cached = (
+                list(self.ops),
+                list(map(ids.__getitem__, self.addr_ids)),
+                [shared.setdefault(v, v) for v in self.sizes],
+                list(self.lanes),
+            )
+            object.__setattr__(self, "_columns", cached)
+        return cached
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle without the cached lists (workers rebuild them from the arrays)."""
+        state = dict(self.__dict__)
+        state.pop("_columns", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    @property
+    def num_ops(self) -> int:
+        """Rows the engine replays (fewer than events: fused frees, segments aside)."""
+        return len(self.ops)
+
+    @property
+    def partial(self) -> bool:
+        """True when the trace starts after allocations it later frees (ring buffer wrapped)."""
+        return self.unknown_frees > 0
+
+    @property
+    def initial_reserved_bytes(self) -> int:
+        """Reserved bytes when the trace begins (0 unless it starts from a known state)."""
+        return self.initial_state.reserved_bytes if self.initial_state is not None else 0
+
+    def recorded_reserved_peak(self) -> int:
+        """Peak of reserved memory implied by the recorded segment events (from the start state)."""
+        reserved = peak = self.initial_reserved_bytes
+        for kind, size in zip(self.seg_kinds, self.seg_sizes, strict=True):
+            reserved += size if kind in (SEG_ALLOC, SEG_MAP) else -size
+            peak = max(peak, reserved)
+        return peak
+
+    def recorded_reserved_at(self, event_index: int) -> int:
+        """Reserved bytes implied by recorded segment events before ``event_index``."""
+        reserved = self.initial_reserved_bytes
+        for kind, size, idx in zip(self.seg_kinds, self.seg_sizes, self.seg_index, strict=True):
+            if idx >= event_index:
+                break
+            reserved += size if kind in (SEG_ALLOC, SEG_MAP) else -size
+        return reserved
+
+    def inferred_usable_bytes(self) -> int | None:
+        """Device bytes PyTorch could use, inferred from the first recorded OOM.
+
+        At an ``oom`` entry every cache has been released and the driver
+        reported ``device_free``; with the no-fragmentation driver model the
+        usable capacity is reserved-at-that-moment + ``device_free``. ``None``
+        when the trace has no OOM or is partial (reserved is then unknown).
+        """
+        if not self.ooms or self.partial:
+            return None
+        first = self.ooms[0]
+        return self.recorded_reserved_at(first.event_index) + first.device_free
+
+    def describe(self) -> str:
+        """One line for CLI output."""
+        counts = ", ".join(f"{name} {count:,}" for name, count in self.action_counts)
+        text = f"device {self.device}: {self.num_events:,} events ({counts})"
+        if self.initial_state is not None:
+            kind = "recorded" if self.initial_state.source == RECORDED else "reconstructed"
+            text += f"; starts from a {kind} allocator state: {self.initial_state.describe()}"
+        if self.partial:
+            text += f"; PARTIAL: {self.unknown_frees:,} frees of addresses allocated before the trace"
+        return text
+
+
+def extract_trace(
+    snapshot: Mapping[str, Any],
+    device: int | None = None,
+    *,
+    initial_state: AllocatorState | str = "auto",
+) -> Trace:
+    """Decode ``snapshot["device_traces"][device]`` (default: the busiest device).
+
+    ``initial_state`` is the allocator state the replay starts from:
+
+    * ``"auto"`` (default): the recorder's ``allocconf_initial_segments`` when the
+      snapshot has them; else, when the trace cannot have started from an empty
+      allocator (frees of blocks it never allocated, final segments it never
+      created), the state reconstructed backwards from the snapshot's final
+      ``segments`` (:func:`.state.reconstruct_initial_state`); else empty;
+    * ``"empty"``: always start from an empty allocator (the behaviour before
+      start states existed);
+    * an :class:`.state.AllocatorState`: start from that.
+
+    Raises:
+        SnapshotError: the snapshot has no trace (recorded without history),
+            the requested device has none, or the entries are not trace dicts.
+    """
+    traces = snapshot.get("device_traces")
+    if not isinstance(traces, list) or not any(isinstance(t, list) and t for t in traces):
+        raise SnapshotError(NO_HISTORY_HELP)
+    if device is None:
+        device = max(range(len(traces)), key=lambda d: len(traces[d]) if isinstance(traces[d], list) else 0)
+    if not 0 <= device < len(traces) or not isinstance(traces[device], list) or not traces[device]:
+        have = [d for d, t in enumerate(traces) if isinstance(t, list) and t]
+        raise SnapshotError(f"device {device} has no trace entries; devices with a trace: {have}")
+    entries = traces[device]
+    if isinstance(initial_state, AllocatorState):
+        return decode_entries(entries, device=device, initial_state=initial_state)
+    if initial_state not in ("auto", "empty"):
+        raise ValueError(f"initial_state must be 'auto', 'empty' or an AllocatorState, not {initial_state!r}")
+    if initial_state == "empty":
+        return decode_entries(entries, device=device)
+    state, note = _recorded_state(snapshot, device)
+    if state is not None:
+        return decode_entries(entries, device=device, initial_state=state,
+                              start=_recorded_start(entries, state))
+    trace, live = _decode(entries, device, None, 0)
+    segments = snapshot.get("segments")
+    if not isinstance(segments, list):
+        return trace
+    try:
+        final = AllocatorState.from_snapshot_segments(segments, device=device, source="final")
+    except ValueError:
+        return trace
+    events = ((SEG_NAMES[k], a, n) for k, a, n in zip(trace.seg_kinds, trace.seg_addrs, trace.seg_sizes,
+                                                     strict=True))
+    reason = start_state_evidence(events, final, trace.unknown_frees, live)
+    if reason is None:
+        return trace if note is None else dataclasses.replace(trace, initial_note=note)
+    settings = _recorded_settings(snapshot)
+    try:
+        state = reconstruct_initial_state(entries, final, settings, note=reason)
+    except ReconstructionError as exc:
+        return dataclasses.replace(trace, initial_note=(
+            f"the trace starts mid-run ({reason}), but its start state could not be reconstructed "
+            f"from the final segments ({exc}); replaying from an empty allocator"))
+    if not state.segments:
+        return trace
+    return decode_entries(entries, device=device, initial_state=state)
+
+
+def _recorded_state(snapshot: Mapping[str, Any], device: int) -> tuple[AllocatorState | None, str | None]:
+    """The recorder's start state (``allocconf_initial_segments``), if any, and a note if unreadable."""
+    raw = snapshot.get(INITIAL_SEGMENTS_KEY)
+    if not isinstance(raw, list):
+        return None, None
+    try:
+        state = AllocatorState.from_snapshot_segments(
+            raw, device=device, source=RECORDED, note="memory_snapshot() taken when recording started")
+    except ValueError as exc:
+        return None, f"the recorded start state ({INITIAL_SEGMENTS_KEY}) is unreadable: {exc}"
+    return (state if state.segments else None), None
+
+
+def _recorded_start(entries: Sequence[Any], state: AllocatorState) -> int:
+    """Index of the ``snapshot`` entry the recorded state was taken at (events before it are in it).
+
+    The recorder turns history on, then calls ``memory_snapshot()``, which leaves a
+    ``snapshot`` entry whose size is the active bytes at that moment. Anything
+    recorded before it (another thread's allocations) is already in the state.
+    """
+    active = state.active_bytes
+    for idx, e in enumerate(entries[:256]):
+        if isinstance(e, Mapping) and e.get("action") == "snapshot":
+            return idx if as_int(e.get("size")) == active else 0
+    return 0
+
+
+def _recorded_settings(snapshot: Mapping[str, Any]) -> Any:
+    """The snapshot's own settings (their rounding sizes blocks during reconstruction)."""
+    from allocconf_widget.core.sim.settings import SimSettings
+
+    readback = snapshot.get("allocator_settings")
+    version, _ = guess_torch_version(snapshot)
+    return SimSettings.from_allocator_settings(readback if isinstance(readback, Mapping) else None, version)
+
+
+def decode_entries(
+    entries: Sequence[Any],
+    device: int = 0,
+    *,
+    initial_state: AllocatorState | None = None,
+    start: int = 0,
+) -> Trace:
+    """Decode a chronological list of trace-entry dicts (see docs/internals/allocator_facts.md §7.4).
+
+    With ``initial_state``, its live blocks are known to the decoder (their frees
+    replay) and the replay starts from its segments. ``start`` skips entries
+    already reflected in that state (event indices stay those of ``entries``).
+    """
+    return _decode(entries, device, initial_state, start)[0]
+
+
+def _decode(
+    entries: Sequence[Any], device: int, initial_state: AllocatorState | None, start: int
+) -> tuple[Trace, list[int]]:
+    b = _Decoder(entries, initial_state)
+    b.run(start)
+    trace = Trace(
+        device=device,
+        num_events=len(entries),
+        ops=b.ops,
+        addr_ids=b.aids,
+        sizes=b.sizes,
+        lanes=b.lanes,
+        op_index=b.index,
+        op_time_us=b.times,
+        num_addresses=len(b.addr_ids),
+        lane_streams=tuple(stream for _, stream in b.lane_keys),
+        lane_pools=tuple(pool for pool, _ in b.lane_keys),
+        seg_kinds=b.seg_kinds,
+        seg_sizes=b.seg_sizes,
+        seg_addrs=b.seg_addrs,
+        seg_index=b.seg_index,
+        ooms=tuple(b.ooms),
+        action_counts=tuple(sorted(b.counts.items(), key=lambda kv: -kv[1])),
+        unknown_frees=b.unknown_frees,
+        first_unknown_free=b.first_unknown,
+        empty_cache_calls=b.empty_calls,
+        initial_state=initial_state,
+    )
+    return trace, list(b.live)
+
+
+class _Decoder:
+    """Single pass over the entries; see the module docstring for what it folds."""
+
+    def __init__(self, entries: Sequence[Any], initial: AllocatorState | None = None) -> None:
+        self.entries = entries
+        self.initial = initial
+        self._explained_from: list[bool] | None = None
+        self.ops: array[int] = array("b")
+        self.aids: array[int] = array("q")
+        self.sizes: array[int] = array("q")
+        self.lanes: array[int] = array("q")
+        self.index: array[int] = array("q")
+        self.times: array[int] = array("q")
+        self.seg_kinds: array[int] = array("b")
+        self.seg_sizes: array[int] = array("q")
+        self.seg_addrs: array[int] = array("q")
+        self.seg_index: array[int] = array("q")
+        self.addr_ids: dict[int, int] = {}
+        self.lane_ids: dict[tuple[tuple[int, int], int], int] = {}
+        self.lane_keys: list[tuple[tuple[int, int], int]] = []
+        self.ooms: list[RecordedOom] = []
+        self.counts: dict[str, int] = {}
+        self.unknown_frees = 0
+        self.first_unknown: int | None = None
+        self.empty_calls = 0
+        self.live: dict[int, bool] = {}  # addr -> free already requested
+
+    def _lane(self, entry: Mapping[str, Any]) -> int:
+        pool = pool_id_of_entry(entry)
+        stream = as_int(entry.get("stream"))
+        key = (pool, stream)
+        lane = self.lane_ids.get(key)
+        if lane is None:
+            lane = self.lane_ids[key] = len(self.lane_keys)
+            self.lane_keys.append(key)
+        return lane
+
+    def _emit(self, op: int, addr: int, size: int, entry: Mapping[str, Any], idx: int) -> None:
+        aid = self.addr_ids.get(addr)
+        if aid is None:
+            aid = self.addr_ids[addr] = len(self.addr_ids)
+        self.ops.append(op)
+        self.aids.append(aid)
+        self.sizes.append(size)
+        self.lanes.append(self._lane(entry))
+        self.index.append(idx)
+        self.times.append(as_int(entry.get("time_us")))
+
+    def _unknown(self, idx: int) -> None:
+        self.unknown_frees += 1
+        if self.first_unknown is None:
+            self.first_unknown = idx
+
+    def _seed(self) -> None:
+        """Blocks live in the start state get the first address ids, in state order (the
+        engine enumerates them the same way); pending frees wait for their completion."""
+        if self.initial is None:
+            return
+        for _, blk in self.initial.live_blocks():
+            self.addr_ids.setdefault(blk.address, len(self.addr_ids))
+            self.live[blk.address] = blk.state == PENDING
+
+    def _seed_lanes(self) -> None:
+        """Lanes for the start state's segments (after the trace's own, so theirs keep their ids)."""
+        if self.initial is None:
+            return
+        for seg in self.initial.segments:
+            key = (seg.pool_id, seg.stream)
+            if key not in self.lane_ids:
+                self.lane_ids[key] = len(self.lane_keys)
+                self.lane_keys.append(key)
+
+    def run(self, start: int = 0) -> None:
+        self._seed()
+        entries = self.entries
+        n = len(entries)
+        live = self.live
+        counts = self.counts
+        skip_next = False
+        for idx in range(start, n):
+            if skip_next:
+                skip_next = False
+                continue
+            e = entries[idx]
+            if not isinstance(e, Mapping):
+                raise SnapshotError(
+                    f"trace entry {idx} is a {type(e).__name__}, not a dict; "
+                    "this does not look like a torch memory snapshot"
+                )
+            act = e.get("action")
+            counts[str(act)] = counts.get(str(act), 0) + 1
+            if act == "alloc":
+                addr = as_int(e.get("addr"))
+                live[addr] = False
+                self._emit(OP_ALLOC, addr, as_int(e.get("size")), e, idx)
+            elif act == "free_requested":
+                addr = as_int(e.get("addr"))
+                nxt = entries[idx + 1] if idx + 1 < n else None
+                fused = (
+                    isinstance(nxt, Mapping)
+                    and nxt.get("action") == "free_completed"
+                    and as_int(nxt.get("addr")) == addr
+                )
+                if fused:
+                    counts["free_completed"] = counts.get("free_completed", 0) + 1
+                    skip_next = True
+                if addr not in live:
+                    self._unknown(idx)
+                elif fused:
+                    del live[addr]
+                    self._emit(OP_FREE, addr, 0, e, idx)
+                elif not live[addr]:
+                    live[addr] = True
+                    self._emit(OP_FREE_REQUESTED, addr, 0, e, idx)
+            elif act == "free_completed":
+                addr = as_int(e.get("addr"))
+                requested = live.pop(addr, None)
+                if requested is None:
+                    self._unknown(idx)
+                else:
+                    # Without a prior free_requested (skip_actions dropped it) it is a whole free.
+                    self._emit(OP_FREE_COMPLETED if requested else OP_FREE, addr, 0, e, idx)
+            elif act in _SEG_CODES:
+                self._segment(idx, e, str(act))
+            elif act == "oom":
+                size = as_int(e.get("size"))
+                self.ooms.append(
+                    RecordedOom(idx, size, as_int(e.get("device_free")), as_int(e.get("stream")))
+                )
+                self._emit(OP_OOM, -1, size, e, idx)
+            # "snapshot", "annotate" and unknown actions change no allocator state.
+        self._seed_lanes()
+
+    def _segment(self, idx: int, e: Mapping[str, Any], act: str) -> None:
+        self.seg_kinds.append(_SEG_CODES[act])
+        self.seg_sizes.append(as_int(e.get("size")))
+        self.seg_addrs.append(as_int(e.get("addr")))
+        self.seg_index.append(idx)
+        if act not in _RELEASES:
+            return
+        prev = self.entries[idx - 1] if idx else None
+        if isinstance(prev, Mapping) and prev.get("action") in _RELEASES:
+            return  # not the first release of its burst
+        if not self._burst_explained(idx):
+            self.empty_calls += 1
+            self._emit(OP_EMPTY_CACHE, -1, 0, e, idx)
+
+    def _burst_explained(self, idx: int) -> bool:
+        """A release burst inside malloc (GC / OOM path) is followed by a new segment or an OOM.
+
+        Answered from one backward pass over the entries (built on first use), so a trace
+        alternating releases and fillers decodes in linear time, not quadratic.
+        """
+        if self._explained_from is None:
+            self._explained_from = _explained_from(self.entries)
+        return self._explained_from[idx + 1]
+
+
+def _explained_from(entries: Sequence[Any]) -> list[bool]:
+    """``result[j]``: the first non-filler entry at or after ``j`` explains a release burst."""
+    result = [False] * (len(entries) + 1)
+    for j in range(len(entries) - 1, -1, -1):
+        entry = entries[j]
+        act = entry.get("action") if isinstance(entry, Mapping) else None
+        result[j] = result[j + 1] if act in _BURST_FILLER else act in _EXPLAINS_RELEASE
+    return result
+
+
+def guess_torch_version(snapshot: Mapping[str, Any]) -> tuple[tuple[int, int], str]:
+    """Lower bound on the torch release that wrote ``snapshot``, from which keys it has.
+
+    Snapshots do not record the torch version, so this is only a floor; the
+    caller should prefer an explicit version.
+    """
+    settings = snapshot.get("allocator_settings")
+    version, why = (2, 0), "no allocator_settings (torch < 2.3)"
+    if isinstance(settings, Mapping):
+        version, why = (2, 3), "allocator_settings present (2.3+)"
+        if "max_round_threshold" in settings or "max_cached_size" in settings:
+            version, why = (2, 13), "pinned max_round_threshold in allocator_settings (2.13+)"
+    if "host_segments" in snapshot or "host_traces" in snapshot:
+        version, why = max(version, (2, 14)), "host_segments present (2.14+)"
+    first = _first_entry(snapshot)
+    if first is not None:
+        if "user_metadata" in first and version < (2, 11):
+            version, why = (2, 11), "trace entries carry user_metadata (2.11+)"
+        elif "compile_context" in first and version < (2, 8):
+            version, why = (2, 8), "trace entries carry compile_context (2.8+)"
+    return version, why
+
+
+def _first_entry(snapshot: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    traces = snapshot.get("device_traces")
+    if isinstance(traces, list):
+        for t in traces:
+            if isinstance(t, list) and t and isinstance(t[0], Mapping):
+                return t[0]
+    return None
+
+
+class TraceBuilder:
+    """Write a synthetic trace in the snapshot's entry format (tests, benchmarks, docs).
+
+    Handles returned by :meth:`alloc` are fake, never-reused addresses unless
+    ``reuse_addresses`` is set, in which case freed addresses are handed out
+    again (LIFO), as real traces do.
+    """
+
+    def __init__(self, *, reuse_addresses: bool = False) -> None:
+        self.entries: list[dict[str, Any]] = []
+        self._next = 0x7F0000000000
+        self._reuse = reuse_addresses
+        self._freed: list[int] = []
+
+    def _add(self, action: str, addr: int, size: int, stream: int, **extra: Any) -> None:
+        entry: dict[str, Any] = {"action": action, "addr": addr, "size": size, "stream": stream,
+                                 "time_us": len(self.entries)}
+        entry.update(extra)
+        self.entries.append(entry)
+
+    def alloc(self, size: int, stream: int = 0, **extra: Any) -> int:
+        """An ``alloc`` entry; returns the address to free later."""
+        if self._reuse and self._freed:
+            addr = self._freed.pop()
+        else:
+            addr = self._next
+            self._next += 512 * (1 + size // 512)
+        self._add("alloc", addr, size, stream, **extra)
+        return addr
+
+    def free(self, addr: int, stream: int = 0) -> None:
+        """``free_requested`` immediately followed by ``free_completed``."""
+        self.free_requested(addr, stream)
+        self.free_completed(addr, stream)
+
+    def free_requested(self, addr: int, stream: int = 0) -> None:
+        """A free whose block waits on record_stream events."""
+        self._add("free_requested", addr, 0, stream)
+
+    def free_completed(self, addr: int, stream: int = 0) -> None:
+        """The block re-enters the cache."""
+        self._add("free_completed", addr, 0, stream)
+        if self._reuse:
+            self._freed.append(addr)
+
+    def oom(self, rounded_size: int, device_free: int = 0, stream: int = 0) -> None:
+        """An ``oom`` entry (the size torch records is the rounded request)."""
+        self.entries.append({"action": "oom", "size": rounded_size, "device_free": device_free,
+                             "stream": stream, "time_us": len(self.entries)})
+
+    def segment(self, action: str, addr: int, size: int, stream: int = 0) -> None:
+        """A recorded ``segment_*`` entry (for fidelity tests)."""
+        self._add(action, addr, size, stream)
+
+    def build(self, device: int = 0) -> Trace:
+        """Decode the entries written so far."""
+        return decode_entries(self.entries, device=device)
+
+    def snapshot(self, allocator_settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """A minimal snapshot dict holding this trace."""
+        snap: dict[str, Any] = {"segments": [], "device_traces": [list(self.entries)]}
+        if allocator_settings is not None:
+            snap["allocator_settings"] = dict(allocator_settings)
+        return snap

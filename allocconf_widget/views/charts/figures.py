@@ -1,0 +1,326 @@
+"""plotly figure builders from plain data: the memory timeline, the segment map, what-if charts.
+
+No display calls here: callers show a figure (``fig.show()``, a
+``go.FigureWidget``, ``fig.to_html()``) as their front end allows. plotly is
+optional: it is imported inside the functions (``import allocconf_widget``
+never loads it), and everything used exists in plotly 5.24 (Colab) through 7.
+
+Sizes are bounded so a figure stays small: the timeline gets a decimated
+:class:`~allocconf_widget.core.memory.timeline.RenderPayload` (≤ N points per series),
+values are sent in the axis unit rounded to 4 significant digits, and the
+segment map merges blocks (and, for large snapshots, segments) into at most a
+fixed number of bars.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from allocconf_widget.core.memory.timeline import Marker, RenderPayload
+from allocconf_widget.core.units import format_bytes
+from allocconf_widget.views.charts.segment_map import SegmentMap, build_segment_map
+from allocconf_widget.views.charts.style import (
+    BYTE_SERIES,
+    COLORS,
+    LABELS,
+    RATIO_SERIES,
+    byte_unit,
+)
+
+
+def plotly_available() -> bool:
+    """Whether plotly can be imported here (it is optional)."""
+    try:
+        import plotly.graph_objects  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _go() -> Any:
+    try:
+        import plotly.graph_objects as go
+    except ImportError as exc:  # pragma: no cover - exercised where plotly is missing
+        raise ImportError(
+            "plotly is needed for these charts: pip install plotly (or use the SVG "
+            "renderer: start_monitor(renderer='svg'))"
+        ) from exc
+    return go
+
+
+def _round(values: Sequence[float | None], factor: float) -> list[float | None]:
+    """Values in axis units, 4 significant digits: a third of the bytes of raw floats."""
+    return [None if v is None else float(f"{v / factor:.4g}") for v in values]
+
+
+# ----------------------------------------------------------------- timeline
+
+TIMELINE_TRACES: tuple[str, ...] = (*BYTE_SERIES, *RATIO_SERIES)
+"""Trace order of :func:`timeline_figure` (per device): the update helpers rely on it."""
+
+_TRACE_STYLE: dict[str, dict[str, Any]] = {
+    "reserved": {"line": {"color": COLORS["reserved"], "width": 2}, "fill": "tozeroy",
+                 "fillcolor": "rgba(31,119,180,0.08)"},
+    "allocated": {"line": {"color": COLORS["allocated"], "width": 2}},
+    "active": {"line": {"color": COLORS["active"], "width": 1, "dash": "dot"}},
+    "non_pytorch": {"line": {"color": COLORS["non_pytorch"], "width": 1, "dash": "dash"}},
+    "cached_share": {"line": {"color": COLORS["cached_share"], "width": 1, "dash": "dash"},
+                     "yaxis": "y2"},
+    "fragmentation": {"line": {"color": COLORS["fragmentation"], "width": 1},
+                      "mode": "lines+markers", "marker": {"size": 4}, "yaxis": "y2",
+                      "connectgaps": True},
+}
+
+
+def _unit(payloads: Sequence[RenderPayload]) -> tuple[int, str]:
+    peak = max([p.peaks.get(n) or 0.0 for p in payloads for n in BYTE_SERIES] + [1.0])
+    return byte_unit(peak)
+
+
+def _trace_values(payload: RenderPayload, name: str, factor: int) -> list[float | None]:
+    ys = payload.series.get(name) or [None] * len(payload.x)
+    if name in RATIO_SERIES:
+        return [None if v is None else round(v * 100, 2) for v in ys]
+    return _round(ys, factor)
+
+
+def _timeline_traces(go: Any, payload: RenderPayload, unit: tuple[int, str], visible: bool,
+                     suffix: str) -> list[Any]:
+    factor, unit_name = unit
+    traces = []
+    for name in TIMELINE_TRACES:
+        ratio = name in RATIO_SERIES
+        template = "%{y:.1f}%" if ratio else f"%{{y:.3f}} {unit_name}"
+        style = dict(_TRACE_STYLE[name])
+        traces.append(go.Scatter(
+            x=list(payload.x),
+            y=_trace_values(payload, name, factor),
+            name=LABELS[name] + suffix,
+            mode=style.pop("mode", "lines"),
+            hovertemplate=f"{LABELS[name]}: {template}<extra></extra>",
+            visible=visible,
+            **style,
+        ))
+    return traces
+
+
+def _marker_shapes(markers: Sequence[Marker]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    shapes: list[dict[str, Any]] = []
+    notes: list[dict[str, Any]] = []
+    for m in markers:
+        if m.kind == "cell" and m.x_end is not None:
+            shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": m.x, "x1": m.x_end,
+                           "y0": 0, "y1": 1, "fillcolor": COLORS["cell"], "line": {"width": 0},
+                           "layer": "below"})
+        elif m.kind == "oom":
+            shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": m.x, "x1": m.x,
+                           "y0": 0, "y1": 1, "line": {"color": COLORS["oom"], "width": 2}})
+            notes.append({"x": m.x, "y": 1, "xref": "x", "yref": "paper", "text": "OOM",
+                          "hovertext": m.label, "showarrow": False, "xanchor": "left",
+                          "font": {"color": COLORS["oom"]}})
+        else:
+            shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": m.x, "x1": m.x,
+                           "y0": 0, "y1": 1, "line": {"color": COLORS["note"], "width": 1,
+                                                      "dash": "dot"}})
+    return shapes, notes
+
+
+def timeline_layout(payload: RenderPayload, unit: tuple[int, str], title: str | None) -> dict[str, Any]:
+    """Layout (axes, markers) of the timeline; also what a live update re-sends."""
+    shapes, notes = _marker_shapes(payload.markers)
+    return {
+        "title": {"text": title or "", "font": {"size": 13}},
+        "xaxis": {"title": {"text": payload.x_label}},
+        "yaxis": {"title": {"text": unit[1]}, "rangemode": "tozero"},
+        "yaxis2": {"title": {"text": "%"}, "overlaying": "y", "side": "right", "range": [0, 100],
+                   "tickmode": "linear", "tick0": 0, "dtick": 25, "showgrid": False},
+        "shapes": shapes,
+        "annotations": notes,
+    }
+
+
+def timeline_figure(
+    payloads: RenderPayload | Mapping[Any, RenderPayload],
+    *,
+    title: str | None = None,
+    height: int = 330,
+    device: Any = None,
+) -> Any:
+    """The memory timeline: reserved / allocated / active / non-PyTorch, ratios on a right axis.
+
+    Args:
+        payloads: one device's payload, or ``{device: payload}``; with several,
+            a drop-down on the figure picks the device (``device`` is shown first).
+        title: figure title (e.g. ``"Recording: …"`` for a replay).
+
+    Cell runs are shaded, OOMs are red lines; ``uirevision`` keeps the user's zoom
+    across live updates.
+    """
+    go = _go()
+    by_device = {payloads.device: payloads} if isinstance(payloads, RenderPayload) else dict(payloads)
+    keys = list(by_device)
+    shown = device if device in by_device else (keys[0] if keys else None)
+    unit = _unit(list(by_device.values()))
+    fig = go.Figure()
+    for key in keys:
+        suffix = f" (GPU {key})" if len(keys) > 1 else ""
+        for trace in _timeline_traces(go, by_device[key], unit, key == shown, suffix):
+            fig.add_trace(trace)
+    first = by_device.get(shown)
+    layout = timeline_layout(first, unit, title) if first is not None else {}
+    fig.update_layout(
+        height=height, margin={"l": 55, "r": 50, "t": 40 if title else 20, "b": 40},
+        legend={"orientation": "h", "y": -0.22}, hovermode="x unified", uirevision="allocconf",
+        template="plotly_white", **layout,
+    )
+    if len(keys) > 1:
+        fig.update_layout(updatemenus=[_device_menu(keys, by_device, title)])
+    return fig
+
+
+def _device_menu(keys: list[Any], by_device: Mapping[Any, RenderPayload],
+                 title: str | None) -> dict[str, Any]:
+    n = len(TIMELINE_TRACES)
+    buttons = []
+    for i, key in enumerate(keys):
+        visible = [j // n == i for j in range(n * len(keys))]
+        shapes, notes = _marker_shapes(by_device[key].markers)
+        buttons.append({"label": f"GPU {key}", "method": "update",
+                        "args": [{"visible": visible}, {"shapes": shapes, "annotations": notes,
+                                                        "title.text": title or ""}]})
+    return {"buttons": buttons, "x": 0, "y": 1.15, "xanchor": "left", "showactive": True}
+
+
+def update_timeline_figure(fig: Any, payload: RenderPayload, *, title: str | None = None) -> None:
+    """Redraw a one-device :func:`timeline_figure` (e.g. a ``FigureWidget``) in one message.
+
+    Only x/y and the markers change, inside ``batch_update`` so plotly sends a
+    single update; the payload's size bounds the message size.
+    """
+    unit = _unit([payload])
+    factor = unit[0]
+    layout = timeline_layout(payload, unit, title)
+    with fig.batch_update():
+        for trace, name in zip(fig.data, TIMELINE_TRACES, strict=False):
+            trace.x = list(payload.x)
+            trace.y = _trace_values(payload, name, factor)
+            if name not in RATIO_SERIES:
+                trace.hovertemplate = f"{LABELS[name]}: %{{y:.3f}} {unit[1]}<extra></extra>"
+        fig.layout.yaxis.title.text = layout["yaxis"]["title"]["text"]
+        fig.layout.xaxis.title.text = payload.x_label
+        fig.layout.shapes = layout["shapes"]
+        fig.layout.annotations = layout["annotations"]
+        if title is not None:
+            fig.layout.title.text = title
+
+
+# ----------------------------------------------------------------- segment map
+
+
+def segment_map_figure(
+    snapshot: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+    *,
+    device: int | None = 0,
+    max_rows: int = 60,
+    max_pieces: int = 1500,
+    title: str | None = None,
+) -> Any:
+    """Segments as horizontal bars, blocks coloured by state, with sizes and allocation sites.
+
+    Accepts a snapshot dict or a list of segments. Adjacent blocks of one state
+    are merged; beyond ``max_rows`` segments the smallest are summed into one row,
+    and rows with more pieces than their share of ``max_pieces`` are binned, so a
+    20,000-block snapshot still gives a figure of bounded size. Hover text shows
+    sizes and, when the snapshot recorded stacks, the allocating frame.
+    """
+    go = _go()
+    smap = build_segment_map(snapshot, device=device, max_rows=max_rows, max_pieces=max_pieces)
+    fig = go.Figure()
+    for state, pieces in smap.by_state().items():
+        fig.add_trace(go.Bar(
+            orientation="h",
+            y=[p.row for p in pieces],
+            x=[round(p.size / (1 << 20), 3) for p in pieces],
+            base=[round(p.offset / (1 << 20), 3) for p in pieces],
+            name=smap.state_label(state),
+            marker={"color": smap.state_color(state), "line": {"width": 0.5, "color": "white"}},
+            hovertext=[p.hover for p in pieces],
+            hoverinfo="text",
+        ))
+    fig.update_layout(
+        barmode="overlay",
+        title={"text": title or smap.caption, "font": {"size": 13}},
+        xaxis={"title": {"text": "offset in segment (MiB)"}},
+        yaxis={"autorange": "reversed", "type": "category", "categoryorder": "array",
+               "categoryarray": smap.rows},
+        height=min(1400, 120 + 22 * max(1, len(smap.rows))),
+        margin={"l": 10, "r": 10, "t": 40, "b": 40},
+        legend={"orientation": "h", "y": -0.08},
+        template="plotly_white",
+    )
+    return fig
+
+
+def segment_map_of(snapshot: Mapping[str, Any], device: int | None = 0, **kwargs: Any) -> SegmentMap:
+    """The aggregated segment map data behind :func:`segment_map_figure` (no plotly needed)."""
+    return build_segment_map(snapshot, device=device, **kwargs)
+
+
+# ----------------------------------------------------------------- what-if helpers
+
+
+class ConfigRun(NamedTuple):
+    """One configuration's result for the what-if charts (plain data; a tuple works too)."""
+
+    label: str
+    xs: Sequence[float]
+    ys: Sequence[float]
+    peak: float
+    oom: bool
+
+
+def peak_bar_chart(runs: Sequence[ConfigRun | tuple[Any, ...]], *, title: str | None = None,
+                   device_total: float | None = None) -> Any:
+    """Bars of peak reserved memory per configuration; OOM runs in red, device size as a line."""
+    go = _go()
+    items = [ConfigRun(*r) for r in runs]
+    factor, unit = byte_unit(max([r.peak for r in items] + [device_total or 0, 1]))
+    fig = go.Figure(go.Bar(
+        x=[r.label for r in items],
+        y=[round(r.peak / factor, 3) for r in items],
+        marker={"color": [COLORS["oom"] if r.oom else COLORS["reserved"] for r in items]},
+        text=[("OOM " if r.oom else "") + format_bytes(r.peak) for r in items],
+        textposition="outside",
+        hovertemplate="%{x}: %{y:.2f} " + unit + "<extra></extra>",
+    ))
+    if device_total:
+        fig.add_hline(y=device_total / factor, line={"color": COLORS["oom"], "dash": "dash"},
+                      annotation_text=f"device {format_bytes(device_total)}")
+    fig.update_layout(title={"text": title or "peak reserved memory per configuration"},
+                      yaxis={"title": {"text": unit}}, template="plotly_white", height=320,
+                      margin={"l": 55, "r": 20, "t": 45, "b": 60})
+    return fig
+
+
+def reserved_overlay_chart(runs: Sequence[ConfigRun | tuple[Any, ...]], *, title: str | None = None,
+                           x_title: str = "allocator event") -> Any:
+    """Reserved memory over time, one line per configuration; an ✕ where a run ran out of memory."""
+    go = _go()
+    items = [ConfigRun(*r) for r in runs]
+    factor, unit = byte_unit(max([r.peak for r in items] + [max(r.ys, default=0) for r in items] + [1]))
+    fig = go.Figure()
+    for run in items:
+        fig.add_trace(go.Scatter(x=list(run.xs), y=_round(list(run.ys), factor), mode="lines",
+                                 name=run.label,
+                                 hovertemplate=f"{run.label}: %{{y:.3f}} {unit}<extra></extra>"))
+        if run.oom and run.xs:
+            fig.add_trace(go.Scatter(x=[run.xs[-1]], y=_round([run.ys[-1]], factor),
+                                     mode="markers", showlegend=False, name=f"{run.label} OOM",
+                                     marker={"symbol": "x", "size": 12, "color": COLORS["oom"]},
+                                     hovertemplate=f"{run.label}: out of memory<extra></extra>"))
+    fig.update_layout(title={"text": title or "reserved memory per configuration"},
+                      xaxis={"title": {"text": x_title}}, yaxis={"title": {"text": unit}},
+                      template="plotly_white", height=330, hovermode="x unified",
+                      margin={"l": 55, "r": 20, "t": 45, "b": 40})
+    return fig

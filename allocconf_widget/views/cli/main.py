@@ -1,0 +1,66 @@
+"""Command line: ``allocconf`` and ``python -m allocconf_widget``.
+
+Each subcommand lives in its own ``cli_<name>.py`` module exposing
+``register(subparsers)``; that function adds a parser and sets
+``handler=<callable(args) -> exit code>``. Keeping the dispatcher this small
+lets the magic reuse the same handlers and keeps imports lazy: only the
+chosen subcommand's dependencies are loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+from allocconf_widget._errors import AllocConfError, SnapshotError, printable
+
+_SUBCOMMAND_MODULES = ("check", "options", "report", "simulate")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the top-level parser with every subcommand that is installed."""
+    parser = argparse.ArgumentParser(
+        prog="allocconf",
+        description=(
+            "Check, explain, measure and simulate PyTorch CUDA caching-allocator settings "
+            "(PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF). Needs no GPU."
+        ),
+    )
+    from allocconf_widget import __version__
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _SUBCOMMAND_MODULES:
+        importlib.import_module(f"allocconf_widget.views.cli.{name}").register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code (0 ok, 2 bad input, 1 other failure)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(handler(args))
+    except BrokenPipeError:  # `allocconf options | head`
+        return 0
+    except (AllocConfError, SnapshotError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a file or value we did not foresee: a message, never a traceback
+        if os.environ.get("ALLOCCONF_DEBUG"):
+            raise
+        print(f"error: the input could not be processed ({type(exc).__name__}: "
+              f"{printable(str(exc), 300)}). If the file is one torch wrote unchanged, please "
+              "report this; ALLOCCONF_DEBUG=1 shows the traceback.", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

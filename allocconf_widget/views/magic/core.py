@@ -1,0 +1,268 @@
+"""The lifecycle subcommands of ``%allocconf``: show, set, unset, apply, reset, forget, snippet, restart.
+
+Each handler prints what a user needs to read and returns the object it
+produced (configuration, apply result …), which keeps them testable from
+IPython's test shell. Printing goes through ``print`` so it works the same in
+a notebook, a terminal and a headless runner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from typing import IO, Any
+
+from allocconf_widget._errors import AllocConfError, AllocConfWarning, printable
+from allocconf_widget.adapters import persist
+from allocconf_widget.adapters.runtime_state import Phase
+from allocconf_widget.core.config.conf import parse_conf
+from allocconf_widget.core.config.envvars import snippets, variable_to_write
+from allocconf_widget.core.config.tokens import C_WHITESPACE_TEXT
+
+
+def register(subparsers: Any) -> None:
+    """Add the lifecycle subcommands to the magic's parser."""
+    add = subparsers.add_parser
+    p = add("panel", help="show the control panel (the default)")
+    p.set_defaults(handler=run_panel)
+    p = add("show", help="runtime state, requested and effective settings, variables")
+    p.set_defaults(handler=run_show)
+    p = add("set", help="validate and stage settings: k=v [k=v ...] or \"<conf string>\"",
+            description="Stage settings. Before torch is imported they go straight to the "
+            "environment, so `%allocconf set max_split_size_mb=256 expandable_segments=True` "
+            "followed by `import torch` just works; later, run `%allocconf apply`. A value of "
+            "`default` unsets an option.")
+    p.add_argument("settings", nargs="+", help="k=v pairs, or one configuration string")
+    p.add_argument("--replace", action="store_true",
+                   help="replace the whole staged configuration instead of merging")
+    p.set_defaults(handler=run_set)
+    p = add("unset", help="stage options back to torch's defaults")
+    p.add_argument("options", nargs="+")
+    p.set_defaults(handler=run_unset)
+    p = add("apply", help="apply the staged settings now (the right way for this runtime) and save them")
+    p.add_argument("--no-save", action="store_true", help="do not save them for kernel restarts")
+    p.set_defaults(handler=run_apply)
+    p = add("reset", help="stage torch's defaults (unset every option); --apply to apply at once")
+    p.add_argument("--apply", action="store_true")
+    p.set_defaults(handler=run_reset)
+    p = add("discard", help="drop staged changes, back to what is in effect")
+    p.set_defaults(handler=run_discard)
+    p = add("forget", help="delete the saved settings (new kernels start from torch's defaults)")
+    p.set_defaults(handler=run_forget)
+    p = add("snippet", help="copyable %%env / os.environ / export lines for the staged settings")
+    p.set_defaults(handler=run_snippet)
+    p = add("restart", help="save the settings and restart the kernel the way this front end allows")
+    p.set_defaults(handler=run_restart)
+
+
+# ---------------------------------------------------------------- handlers
+def run_panel(_args: argparse.Namespace, ctx: Any) -> Any:
+    """Show the control panel (text summary outside a notebook front end)."""
+    from allocconf_widget.views.widgets.panel import show_panel
+
+    return show_panel(ctx.session)
+
+
+def run_show(_args: argparse.Namespace, ctx: Any) -> dict[str, Any]:
+    from allocconf_widget.adapters.readback import read_back
+
+    session = ctx.session
+    state = session.state()
+    current = session.current(state)
+    print(f"Runtime:   {state.describe()}")
+    print(f"Requested: {current.to_string() or '(torch defaults)'}"
+          f"   [from {state.env.device_from or state.env.generic_from or 'no variable'}]")
+    if session.has_staged_changes:
+        print(f"Staged:    {session.staged().to_string() or '(torch defaults)'}  "
+              "(not applied: %allocconf apply)")
+    for name, value in state.env.set_vars.items():
+        print(f"  {name}={value!r}")
+    for problem in state.env.problems:
+        print(f"  problem: {problem}")
+    check = read_back(current, state=state)
+    if check is None:
+        print("Effective: not readable yet: torch reads the settings when CUDA starts")
+    else:
+        print(f"Effective: {check.summary()}")
+    saved = persist.load(state.version)
+    print(f"Saved:     {saved.conf.to_string() or '(defaults)'} in {saved.path}" if saved
+          else "Saved:     nothing (apply saves)")
+    return {"state": state, "requested": current, "readback": check, "saved": saved}
+
+
+def _parse_settings(items: list[str]) -> tuple[dict[str, str | None], str | None]:
+    """``k=v`` / ``k:v`` pairs → options; one ``a:1,b:2`` string (no ``=``) is a whole configuration.
+
+    A ``k=v`` value is never pasted into a string: :meth:`Session.update` validates each value
+    on its own, so ``k=0.6,backend:x`` is an error, not two options.
+    """
+    if not items or not any(item.strip() for item in items):
+        raise AllocConfError("nothing to set", fix="write %allocconf set name=value, e.g. "
+                             "%allocconf set expandable_segments=True")
+    if len(items) == 1 and "=" not in items[0] and ("," in items[0] or "[" in items[0]):
+        return {}, items[0]
+    options: dict[str, str | None] = {}
+    for item in items:
+        sep = "=" if "=" in item else ":" if ":" in item else None
+        if sep is None:
+            raise AllocConfError(f"{item!r} is not key=value", option=item,
+                                 fix=f"write {item}=<value>, or {item}=default to unset it")
+        name, _, value = item.partition(sep)
+        # strip only what torch calls whitespace: a pasted no-break space must reach the parser
+        name, value = name.strip(C_WHITESPACE_TEXT), value.strip(C_WHITESPACE_TEXT)
+        options[name] = None if value in ("default", "unset") else value
+    return options, None
+
+
+def run_set(args: argparse.Namespace, ctx: Any) -> Any:
+    session = ctx.session
+    options, whole = _parse_settings(args.settings)
+    if whole is not None:
+        conf = parse_conf(whole, session.state().version, warn=False)
+        staged = session.stage(conf if args.replace else session.staged().merge(conf))
+    elif args.replace:
+        staged = session.update(options, base=parse_conf("", session.state().version, warn=False))
+    else:
+        staged = session.update(options)
+    _report_staged(session, staged)
+    return staged
+
+
+def run_unset(args: argparse.Namespace, ctx: Any) -> Any:
+    staged = ctx.session.update(dict.fromkeys(args.options))
+    _report_staged(ctx.session, staged)
+    return staged
+
+
+def _report_staged(session: Any, staged: Any) -> None:
+    _print_warnings(staged)
+    state = session.state()
+    if state.phase is Phase.NOT_IMPORTED:
+        variable = variable_to_write(state.version, state.env.set_vars)
+        result = session.last_apply
+        print(f"{result.variable if result else variable}={staged.to_string()!r} "
+              "set in the environment: torch will read it when CUDA starts "
+              "(%allocconf apply also saves it for kernel restarts).")
+        return
+    print(f"Staged: {staged.to_string() or '(torch defaults)'}")
+    for plan in session.preview():
+        print(f"  {plan}")
+    print("Run %allocconf apply to apply it.")
+
+
+def _print_warnings(conf: Any) -> None:
+    for warning in conf.warnings:
+        print(f"warning: {warning}")
+
+
+def run_apply(args: argparse.Namespace, ctx: Any) -> Any:
+    from allocconf_widget.adapters.readback import read_back
+
+    result = ctx.session.apply(save=not args.no_save)
+    _print_warnings(result.requested)
+    print(result.summary())
+    if ctx.session.last_save is not None:
+        print(ctx.session.last_save.message())
+    check = read_back(result.requested, applied_by_setter=result.setter_called is not None)
+    if check is not None:
+        print(check.summary())
+    if result.restart_needed:
+        print("A restart is needed for part of it: %allocconf restart (or the panel's Restart).")
+    return result
+
+
+def run_reset(args: argparse.Namespace, ctx: Any) -> Any:
+    staged = ctx.session.stage(parse_conf("", ctx.session.state().version, warn=False))
+    print("Staged torch's defaults (every option unset).")
+    if args.apply:
+        return run_apply(argparse.Namespace(no_save=False), ctx)
+    return staged
+
+
+def run_discard(_args: argparse.Namespace, ctx: Any) -> None:
+    ctx.session.discard()
+    print("Staged changes dropped.")
+
+
+def run_forget(_args: argparse.Namespace, _ctx: Any) -> bool:
+    try:
+        path = persist.settings_path()
+        removed = persist.forget()
+    except OSError as exc:
+        raise AllocConfError(f"the saved settings cannot be removed: {exc}",
+                             fix="remove the file by hand, or set XDG_CONFIG_HOME elsewhere") from None
+    print(f"Removed {path}." if removed else "Nothing was saved.")
+    return removed
+
+
+def run_snippet(_args: argparse.Namespace, ctx: Any) -> dict[str, str]:
+    state = ctx.session.state()
+    conf = ctx.session.staged(state)
+    variable = variable_to_write(state.version, state.env.set_vars)
+    snips = snippets(conf.to_string(), variable)
+    print(f"# In a notebook cell, before `import torch`:\n{snips['magic']}\n")
+    print(f"# In Python, before `import torch`:\n{snips['python']}\n")
+    print(f"# In a shell, before starting Python:\n{snips['shell']}")
+    return snips
+
+
+def run_restart(_args: argparse.Namespace, ctx: Any) -> Any:
+    from allocconf_widget.adapters.frontend import restart
+    from allocconf_widget.app.session import save_settings
+
+    session = ctx.session
+    conf = session.settings_for_restart()
+    saved = save_settings(conf)
+    if not saved.saved:
+        raise AllocConfError(f"not restarting: the settings could not be saved, so the new "
+                             f"kernel would lose them ({saved.error})",
+                             fix="set XDG_CONFIG_HOME to a writable folder, then restart again")
+    if session.view().has_changes:
+        print("Staged edits that were never applied are not carried over "
+              "(%allocconf apply first to keep them).")
+    print(f"Saved {conf.to_string() or '(torch defaults)'} to {saved.path}; "
+          "run %load_ext allocconf_widget first in the new kernel to re-apply it.")
+    outcome = restart()
+    print(outcome.message)
+    return outcome
+
+
+# ---------------------------------------------------------------- extension load
+def restore_saved_settings(print_to: IO[str] = sys.stdout, session: Any = None) -> Any:
+    """Re-apply saved settings in a fresh kernel, before torch touches CUDA; one line of output.
+
+    Never raises: a broken file or environment must not stop the extension (or kernel) loading.
+    """
+    try:
+        return _restore(print_to, session)
+    except Exception as exc:
+        print(f"allocconf_widget: saved settings not re-applied ({type(exc).__name__}: "
+              f"{printable(str(exc), 300)})", file=print_to)
+        return None
+
+
+def _restore(print_to: IO[str], session: Any) -> Any:
+    from allocconf_widget.adapters.apply import apply
+    from allocconf_widget.adapters.runtime_state import detect_state
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", AllocConfWarning)
+        saved = persist.load()
+    for warning in caught:  # a corrupt file: say so, never crash the kernel
+        print(f"allocconf_widget: {warning.message}", file=print_to)
+    if saved is None:
+        return None
+    state = detect_state()
+    try:
+        result = apply(saved.conf, state=state)
+        if session is not None:
+            session.adopt(saved.conf, result)
+    except (AllocConfError, RuntimeError) as exc:
+        print(f"allocconf_widget: could not re-apply saved settings from {saved.path}: {exc}",
+              file=print_to)
+        return None
+    late = "" if state.phase is Phase.NOT_IMPORTED else f" (torch was already imported: {state.phase.value})"
+    print(f"allocconf_widget: re-applied saved settings {saved.conf.to_string() or '(defaults)'!r} "
+          f"via {result.variable} from {saved.path}{late}; %allocconf forget to stop.", file=print_to)
+    return result

@@ -1,0 +1,130 @@
+"""The ``%allocconf`` line/cell magic: a thin argparse front over the session and the views.
+
+Shape borrowed from memray's magic: one parser built by a factory (its help
+becomes the magic's docstring, so ``%allocconf?`` shows real usage), the line
+split with ``shlex``, argparse's ``SystemExit`` swallowed after it printed
+help, and every user error raised as IPython's ``UsageError``. Subcommands of
+later features live in ``magic_<name>.py`` modules that expose
+``register(subparsers)``; their handlers take ``(args, ctx)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import shlex
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from allocconf_widget._errors import AllocConfError, RuntimeStateError, SnapshotError
+from allocconf_widget.views.magic import core as magic_core
+
+_PLUGIN_MODULES = ("monitor", "simulate")
+
+
+@dataclass
+class MagicContext:
+    """What a subcommand handler gets besides its arguments."""
+
+    shell: Any
+    session: Any
+    cell: str | None
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting on bad input (turned into UsageError)."""
+
+    def error(self, message: str) -> Any:
+        raise ValueError(f"{message}\n\n{self.format_usage().strip()}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The magic's parser; also the source of ``%allocconf?``."""
+    parser = _Parser(
+        prog="%allocconf",
+        description=(
+            "Show, tune and apply PyTorch CUDA caching-allocator settings. With no subcommand, "
+            "shows the control panel."
+        ),
+        epilog="Docs: https://github.com/allocconf-widget/allocconf_widget/tree/main/docs",
+    )
+    parser.add_argument("-r", "--return-result", action="store_true",
+                        help="return the subcommand's result object (for scripts and tests) "
+                        "instead of only printing")
+    subparsers = parser.add_subparsers(dest="command", metavar="SUBCOMMAND", parser_class=_Parser)
+    magic_core.register(subparsers)
+    for name in _PLUGIN_MODULES:
+        importlib.import_module(f"allocconf_widget.views.magic.{name}").register(subparsers)
+    return parser
+
+
+def _magics_class() -> Any:
+    """Build the Magics class lazily, so importing this module needs no IPython."""
+    from IPython.core.error import UsageError
+    from IPython.core.magic import Magics, line_cell_magic, magics_class
+
+    @magics_class
+    class AllocConfMagics(Magics):
+        """IPython magics of allocconf_widget."""
+
+        @line_cell_magic
+        def allocconf(self, line: str = "", cell: str | None = None) -> Any:
+            """Placeholder docstring, replaced by the parser's help below."""
+            from allocconf_widget.app.session import get_session
+
+            parser = build_parser()
+            try:
+                args = parser.parse_args(shlex.split(line))
+            except SystemExit:  # -h/--help printed the help already
+                return None
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+            ctx = MagicContext(self.shell, get_session(self.shell), cell)
+            handler = getattr(args, "handler", None) or magic_core.run_panel
+            if cell is not None and not getattr(args, "takes_cell", False):
+                raise UsageError(f"%%allocconf {args.command or ''} does not take a cell body; "
+                                 "use the line magic %allocconf")
+            try:
+                result = handler(args, ctx)
+            except (AllocConfError, RuntimeStateError, SnapshotError) as exc:
+                raise UsageError(str(exc)) from None
+            return result if args.return_result else None
+
+        allocconf.__doc__ = build_parser().format_help()
+
+    return AllocConfMagics
+
+
+def load_extension(ipython: Any) -> None:
+    """``%load_ext allocconf_widget``: register the magic, re-apply saved settings, hook OOMs."""
+    from allocconf_widget.app.session import get_session
+
+    ipython.register_magics(_magics_class())
+    magic_core.restore_saved_settings(print_to=sys.stdout, session=get_session(ipython))
+    try:
+        from allocconf_widget.views.widgets.oom import install_oom_assistant
+    except ImportError:
+        return
+    install_oom_assistant(ipython)
+
+
+def unload_extension(ipython: Any) -> None:
+    """``%unload_ext allocconf_widget``: remove the magic and our hooks."""
+    from allocconf_widget.app.session import drop_session
+
+    for kind in ("line", "cell"):
+        ipython.magics_manager.magics[kind].pop("allocconf", None)
+    try:
+        from allocconf_widget.views.widgets.oom import uninstall_oom_assistant
+    except ImportError:
+        pass
+    else:
+        uninstall_oom_assistant(ipython)
+    try:
+        from allocconf_widget.views.widgets.monitor import stop_monitor
+    except ImportError:
+        pass
+    else:
+        stop_monitor()
+    drop_session(ipython)

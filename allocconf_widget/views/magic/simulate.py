@@ -1,0 +1,80 @@
+"""``%%allocconf record`` and ``%allocconf simulate``: record a cell's trace, ask "what if?".
+
+``record`` runs the cell body with torch's allocation history on and keeps the
+snapshot in the session (and optionally on disk). ``simulate`` replays the
+latest recording — or a file, or the bundled H200 recording with ``--demo`` —
+under candidate settings and prints the ranking; the panel's What-if tab
+shows the same with charts and an Apply button per candidate.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from allocconf_widget._errors import RuntimeStateError, SnapshotError
+from allocconf_widget.app.simulate import RECORDING_KEY
+
+
+def register(subparsers: Any) -> None:
+    """Add ``record`` (cell) and ``simulate`` to the magic's parser."""
+    p = subparsers.add_parser(
+        "record", help="%%%%allocconf record: run the cell with allocation history on",
+        description="Run the cell body while torch records every allocation, then keep the "
+        "trace for `%allocconf simulate` and the What-if tab. Needs a CUDA GPU.")
+    p.add_argument("--save", metavar="PATH", help="also write the snapshot (memory_viz opens it)")
+    p.add_argument("--max-entries", type=int, default=1_000_000, help="trace ring-buffer size")
+    p.set_defaults(handler=run_record, takes_cell=True)
+    p = subparsers.add_parser(
+        "simulate", help="replay the recorded trace under other settings and rank them",
+        description="Replay the last %%allocconf record trace (or TRACE) through the allocator "
+        "model under candidate settings; prints peak reserved, OOM and the reason for each.")
+    p.add_argument("trace", nargs="?", help="a snapshot pickle with a trace (default: last recording)")
+    p.add_argument("--conf", action="append", default=[], help="extra setting string to try")
+    p.add_argument("--demo", action="store_true", help="use the bundled H200 recording")
+    p.add_argument("--fraction", type=float, help="memory fraction limit in force")
+    p.set_defaults(handler=run_simulate)
+
+
+def run_record(args: argparse.Namespace, ctx: Any) -> Any:
+    from allocconf_widget.adapters.recorder import record
+
+    if ctx.cell is None:
+        raise RuntimeStateError("record is a cell magic: start the cell with %%allocconf record")
+    try:
+        with record(max_entries=args.max_entries) as rec:
+            result = ctx.shell.run_cell(ctx.cell)
+    except RuntimeStateError:
+        raise
+    ctx.session.extras[RECORDING_KEY] = rec
+    if args.save and rec.snapshot is not None:
+        from allocconf_widget.core.memory.snapshot import save_snapshot
+
+        save_snapshot(rec.snapshot, args.save)
+        print(f"Saved the snapshot to {args.save} (open it at pytorch.org/memory_viz).")
+    failed = getattr(result, "error_in_exec", None)
+    status = f"the cell raised {type(failed).__name__}" if failed else "the cell finished"
+    print(f"Recorded {rec.events:,} allocator events in {rec.seconds:.1f} s ({status}). "
+          "Next: %allocconf simulate, or the panel's What if? tab.")
+    for note in rec.notes:
+        print(f"note: {note}")
+    return rec
+
+
+def run_simulate(args: argparse.Namespace, ctx: Any) -> Any:
+    from allocconf_widget.app.simulate import trace_source, what_if
+
+    try:
+        report = what_if(trace_source(ctx.session, args.trace, args.demo), extra_confs=args.conf,
+                         fraction=args.fraction)
+    except SnapshotError as exc:
+        raise RuntimeStateError(str(exc)) from None
+    result = report.recommendation
+    for line in report.headline():
+        print(line)
+    for cand in result.candidates:
+        print(f"  {cand.conf or '(torch defaults)'}: {cand.reason}")
+    for note in (*report.notes, *result.notes):
+        print(f"note: {note}")
+    ctx.session.extras["whatif"] = result
+    return result

@@ -1,0 +1,199 @@
+"""The ``%allocconf`` control panel: tabs for settings, the live monitor and the what-if simulator.
+
+The Settings tab is generated from the schema of the *installed* torch
+(:mod:`allocconf_widget.views.widgets.controls`). Around the controls: a status
+banner (runtime state, environment problems), the resulting string with its
+variable name, inline validation, what Apply will do per changed option, and
+Apply / Restart (only when needed) / Copy-snippet buttons. All logic lives in
+:class:`~allocconf_widget.app.panel_draft.PanelModel`; this module only
+wires widgets to it, and every callback goes through the model's lock because
+ipykernel 7 may run it on a subshell thread while a cell is busy.
+
+The Monitor and What-if tabs are built the first time they are opened, so
+showing the panel starts no sampler thread.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+from typing import Any
+
+from allocconf_widget._errors import AllocConfError
+from allocconf_widget.app.panel_draft import PanelModel
+from allocconf_widget.app.session import Session
+from allocconf_widget.views.widgets.controls import OptionRow
+
+_TAB_TITLES = ("Settings", "Monitor", "What if?")
+
+
+class Panel:
+    """The widget tree and its callbacks. ``panel.widget`` is what gets displayed."""
+
+    def __init__(self, session: Session) -> None:
+        import ipywidgets as W
+
+        self.model = PanelModel(session)
+        self._lock = threading.RLock()
+        self._rows = {spec.name: OptionRow(spec, self.model.draft.get(spec.name), self._edited)
+                      for spec in self.model.specs}
+        self.banner = W.HTML(self.model.banner_html())
+        self.banner.add_class("allocconf-banner")
+        self.status = W.HTML()
+        self.status.add_class("allocconf-status")
+        self.apply_button = W.Button(description="Apply", button_style="primary", icon="check")
+        self.apply_button.add_class("allocconf-apply")
+        self.restart_button = W.Button(description="Restart kernel", button_style="warning",
+                                       icon="refresh", layout=W.Layout(display="none"))
+        self.restart_button.add_class("allocconf-restart")
+        self.snippet_button = W.Button(description="Copy snippet", icon="clipboard")
+        self.snippet_button.add_class("allocconf-snippet")
+        self.snippet_area = W.Textarea(layout=W.Layout(width="100%", height="130px", display="none"))
+        self.snippet_area.add_class("allocconf-snippet-text")
+        self.result = W.HTML()
+        self.result.add_class("allocconf-result")
+        self.apply_button.on_click(self._apply_clicked)
+        self.restart_button.on_click(self._restart_clicked)
+        self.snippet_button.on_click(self._snippet_clicked)
+        device_rows = [r.box for n, r in self._rows.items() if not n.startswith("pinned_")]
+        pinned_rows = [r.box for n, r in self._rows.items() if n.startswith("pinned_")]
+        groups = W.Accordion(children=[W.VBox(device_rows), W.VBox(pinned_rows)])
+        groups.set_title(0, f"GPU memory allocator ({len(device_rows)} options)")
+        groups.set_title(1, f"Pinned host memory ({len(pinned_rows)} options)")
+        groups.selected_index = 0
+        settings = W.VBox([
+            self.banner,
+            self.status,
+            W.HBox([self.apply_button, self.restart_button, self.snippet_button]),
+            self.snippet_area,
+            self.result,
+            groups,
+        ])
+        self.tabs = W.Tab(children=[settings, W.VBox(), W.VBox()])
+        for index, title in enumerate(_TAB_TITLES):
+            self.tabs.set_title(index, title)
+        self.tabs.observe(self._tab_changed, names="selected_index")
+        self.widget = W.VBox([self.tabs])
+        self.widget.add_class("allocconf-panel")
+        self._unsubscribe = session.subscribe(self._session_changed)
+        self._refresh_status()
+
+    # -- callbacks (any thread) --------------------------------------------------
+    def _edited(self, name: str, value: str | None) -> None:
+        with self._lock:
+            # a valid edit is staged, and the session's notification re-renders the panel;
+            # only an invalid one (nothing staged, nothing notified) needs its message shown here
+            if self.model.set_option(name, value) is not None:
+                self._refresh_status()
+
+    def _refresh_status(self) -> None:
+        status = self.model.status()
+        self.status.value = self.model.status_html(status)
+        self.apply_button.disabled = not status.can_apply
+        self.restart_button.layout.display = "" if self._restart_worthwhile(status) else "none"
+
+    def _restart_worthwhile(self, status: Any) -> bool:
+        last = self.model.session.last_apply
+        return status.restart_needed or bool(last and last.restart_needed)
+
+    def _apply_clicked(self, _button: Any) -> None:
+        with self._lock:
+            try:
+                result = self.model.apply()
+            except AllocConfError as exc:
+                self.result.value = f"<span style='color:#b00020'>✖ {html.escape(str(exc))}</span>"
+                return
+            except RuntimeError as exc:  # torch's own setter refused it
+                self.result.value = (f"<span style='color:#b00020'>✖ torch refused the settings: "
+                                     f"{html.escape(str(exc).splitlines()[0])}</span>")
+                return
+            lines = [html.escape(line) for line in result.summary().splitlines()]
+            saved = self.model.session.last_save
+            if saved is not None and not saved.saved:
+                lines.append(f"<span style='color:#b00020'>⚠ {html.escape(saved.message())}</span>")
+            self.result.value = "<b>Applied.</b><br>" + "<br>".join(lines)
+            # the rows, string and banner were re-rendered by the session's notification
+
+    def _restart_clicked(self, _button: Any) -> None:
+        from allocconf_widget.adapters.frontend import restart
+        from allocconf_widget.app.session import save_settings
+
+        saved = save_settings(self.model.session.settings_for_restart())
+        if not saved.saved:  # a restart now would lose the settings: say so, restart nothing
+            self.result.value = f"<span style='color:#b00020'>✖ {html.escape(saved.message())}</span>"
+            return
+        outcome = restart()
+        self.result.value = html.escape(outcome.message)
+
+    def _snippet_clicked(self, _button: Any) -> None:
+        snips = self.model.snippets()
+        self.snippet_area.value = (f"# notebook cell, before `import torch`\n{snips['magic']}\n\n"
+                                   f"# Python, before `import torch`\n{snips['python']}\n\n"
+                                   f"# shell\n{snips['shell']}\n")
+        self.snippet_area.layout.display = ""
+
+    def _session_changed(self) -> None:
+        """The magic (or another panel) changed the staged settings: show them."""
+        with self._lock:
+            self.model.reload()
+            for name, row in self._rows.items():
+                row.show(self.model.draft.get(name))
+            self.banner.value = self.model.banner_html()
+            self._refresh_status()
+
+    def _tab_changed(self, change: Any) -> None:
+        index = change["new"]
+        container = self.tabs.children[index]
+        if index == 0 or container.children:
+            return
+        container.children = [_lazy_tab(index, self.model.session)]
+
+    def close(self) -> None:
+        """Stop listening to the session and close the widgets."""
+        self._unsubscribe()
+        self.widget.close()
+
+
+def _lazy_tab(index: int, session: Session) -> Any:
+    import ipywidgets as W
+
+    try:
+        if index == 1:
+            from allocconf_widget.views.widgets.monitor import start_monitor
+
+            return start_monitor().widget
+        from allocconf_widget.views.widgets.whatif import WhatIfView
+
+        return WhatIfView(session).widget
+    except ImportError as exc:
+        return W.HTML(f"<i>Not available: {html.escape(str(exc))}</i>")
+
+
+def show_panel(session: Session) -> Panel | None:
+    """Display the panel in a notebook, or print a text summary in a terminal."""
+    from allocconf_widget.adapters.frontend import Frontend, detect_frontend
+
+    if detect_frontend() in (Frontend.TERMINAL, Frontend.PLAIN):
+        _print_text_panel(session)
+        return None
+    from IPython.display import display
+
+    panel = Panel(session)
+    display(panel.widget)
+    return panel
+
+
+def _print_text_panel(session: Session) -> None:
+    model = PanelModel(session)
+    status = model.status()
+    print(model.state.describe())
+    for problem in model.state.env.problems:
+        print(f"  problem: {problem}")
+    print(f"{status.variable}={status.text!r}")
+    width = max(len(s.name) for s in model.specs)
+    for spec in model.specs:
+        value = model.draft.get(spec.name)
+        shown = value if value is not None else f"default (unset): {spec.default}"
+        print(f"  {spec.name.ljust(width)}  {shown}")
+    print("No widgets in a terminal: use %allocconf set k=v …, %allocconf apply, "
+          "%allocconf show (see %allocconf?).")
