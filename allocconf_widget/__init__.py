@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from allocconf_widget._errors import AllocConfError, AllocConfWarning, SnapshotError
-
-__version__ = "0.1.0"
+from allocconf_widget._version import __version__
 
 __all__ = [
     "AllocConf",

@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
             "(PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF). Needs no GPU."
         ),
     )
-    from allocconf_widget import __version__
+    from allocconf_widget._version import __version__
 
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
