@@ -26,8 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from allocconf_widget.core.memory.snapshot import load_snapshot
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import simulate, simulate_many
-from allocconf_widget.core.sim.trace import Trace, TraceBuilder, decode_entries, extract_trace
+from allocconf_widget.core.sim.trace import Trace, decode_entries, extract_trace
 from allocconf_widget.core.units import format_bytes
+from tests.trace_builder import TraceBuilder
 
 MiB = 1 << 20
 

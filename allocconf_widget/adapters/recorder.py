@@ -25,7 +25,7 @@ INITIAL_SEGMENTS_KEY = "allocconf_initial_segments"
 
 
 @dataclass
-class Recording:
+class CellRecording:
     """The outcome of a recorded block: the snapshot (with its trace) and context."""
 
     snapshot: Any = None  # torch's snapshot dict (core.snapshot.Snapshot shape)
@@ -57,15 +57,15 @@ def _torch() -> Any:
 
 
 @contextmanager
-def record(max_entries: int = DEFAULT_MAX_ENTRIES, device: int = 0) -> Iterator[Recording]:
-    """Record allocation history inside the ``with`` block; ``Recording.snapshot`` is set on exit.
+def record(max_entries: int = DEFAULT_MAX_ENTRIES, device: int = 0) -> Iterator[CellRecording]:
+    """Record allocation history inside the ``with`` block; ``CellRecording.snapshot`` is set on exit.
 
     Errors from the block (an out-of-memory error included) still produce a
     snapshot, which is exactly when a what-if is wanted most; the error is
-    kept in ``Recording.error`` and re-raised.
+    kept in ``CellRecording.error`` and re-raised.
     """
     torch = _torch()
-    recording = Recording(torch_version=str(torch.__version__))
+    recording = CellRecording(torch_version=str(torch.__version__))
     torch_private.record_history(torch, max_entries=max_entries)
     # What the allocator already holds: blocks allocated in earlier cells and cached free
     # segments. The trace only has what happens from now on; the simulator starts from this.

@@ -1,18 +1,25 @@
-"""The what-if use case: which trace to replay, under which torch's rules, and the ranked result.
+"""The what-if use case: which trace to replay, under which torch's rules, and the result.
 
-``%allocconf simulate``, the panel's What if? tab and ``allocconf simulate`` all decide
-the trace's torch release with :func:`trace_torch_version`, so one file replays under
-the same rules everywhere. The magic and the tab share :func:`what_if`; the tab renders
-its :class:`WhatIfReport` directly, without calling the magic.
+``allocconf simulate``, ``%allocconf simulate`` and the panel's What if? tab all go through
+here: :func:`simulate` turns a :class:`TraceSource` and a :class:`SimulationRequest` into one
+:class:`SimulationReport`, which ``views/text/simulate.py`` prints for the CLI and the magic
+alike; the tab renders :func:`what_if`'s ranking. The trace's torch release is decided once,
+by :func:`trace_torch_version`, so one file replays under the same rules everywhere.
 """
 
 from __future__ import annotations
 
-import re
+import dataclasses
+import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from allocconf_widget._errors import AllocConfError, AllocConfWarning
 from allocconf_widget.core.sim.recommend import Recommendation
+from allocconf_widget.core.versions import TorchVersion, installed_torch_version, simulated_release
+
+if TYPE_CHECKING:
+    from allocconf_widget.core.sim.result import Fidelity, SimResult
 
 RECORDING_KEY = "recording"
 
@@ -23,16 +30,17 @@ class TraceSource:
 
     snapshot: Any
     label: str
-    torch_version: tuple[int, int] | None  # None: infer from the trace
+    torch_version: TorchVersion | None  # None: infer from the trace
     device_total: int | None = None
     non_pytorch_bytes: int = 0
+    device: int | None = None  # CUDA device whose trace to use (None: the one with a trace)
 
 
 @dataclass(frozen=True)
 class VersionChoice:
     """The torch release whose rules the replay follows, and why (for a note)."""
 
-    version: tuple[int, int]
+    version: TorchVersion
     note: str | None = None
 
 
@@ -54,33 +62,20 @@ class WhatIfReport:
         return lines
 
 
-def installed_torch_release() -> tuple[int, int] | None:
-    """The installed torch's (major, minor) from package metadata, without importing torch."""
-    from importlib import metadata
-
-    try:
-        text = metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return None
-    parts = re.findall(r"\d+", text)
-    return (int(parts[0]), int(parts[1])) if len(parts) >= 2 else None
-
-
 def trace_torch_version(snapshot: Any, trace: Any, *, device_total: int | None,
                         non_pytorch_bytes: int, fraction: float | None) -> VersionChoice:
     """The release whose rules best reproduce ``trace`` (snapshots do not record their torch)."""
-    from allocconf_widget.core.sim.settings import NEWEST_SUPPORTED
     from allocconf_widget.core.sim.simulator import infer_torch_version
     from allocconf_widget.core.sim.trace import guess_torch_version
 
     floor, why = guess_torch_version(snapshot)
-    installed = installed_torch_release()
-    prefer = installed if installed is not None and installed <= NEWEST_SUPPORTED else None
+    installed = installed_torch_version()
+    prefer = installed if installed is not None and installed.known else None
     readback = snapshot.get("allocator_settings")
     version, fidelity = infer_torch_version(
         trace, readback if isinstance(readback, dict) else None, floor=floor, prefer=prefer,
         device_total=device_total, non_pytorch_bytes=non_pytorch_bytes, fraction=fraction)
-    shown = f"{version[0]}.{version[1]}"
+    shown = str(version)
     if fidelity is None:
         return VersionChoice(version, f"snapshots do not record the torch version and this trace "
                              f"has no segment events to infer it from; assuming {shown} ({why})")
@@ -113,15 +108,13 @@ def trace_source(session: Any, path: str | None = None, demo: bool = False) -> T
                        demo_rec.non_pytorch_bytes or 0)
 
 
-def _release(version: Any) -> tuple[int, int] | None:
-    """The recorded torch as (major, minor); None (infer from the trace) if unknown or unmodelled."""
-    from allocconf_widget.core.sim.settings import parse_torch_version
-
-    if version is None:
+def _release(version: Any) -> TorchVersion | None:
+    """The recorded torch release; None (infer from the trace) if unknown or unmodelled."""
+    if not isinstance(version, str):
         return None
     try:
-        return parse_torch_version(version)
-    except ValueError:
+        return simulated_release(version)
+    except AllocConfError:
         return None
 
 
@@ -153,3 +146,174 @@ def what_if(source: TraceSource, *, extra_confs: list[str] | tuple[str, ...] = (
                        extra_confs=list(extra_confs), fraction=fraction,
                        device_total=source.device_total, non_pytorch_bytes=source.non_pytorch_bytes)
     return WhatIfReport(source.label, trace.num_events, result, tuple(notes))
+
+
+# ---------------------------------------------------------------- one simulation, every front end
+
+@dataclass(frozen=True)
+class SimulationRequest:
+    """What to replay besides the recorded settings: extra settings, or the ranked grid."""
+
+    confs: tuple[str, ...] = ()
+    rank: bool = False  # replay and rank the candidate grid (plus ``confs``)
+    fraction: float | None = None  # torch.cuda.set_per_process_memory_fraction in force
+    continue_after_oom: bool = False
+    workers: int | None = None
+
+
+@dataclass(frozen=True)
+class SimulationRow:
+    """One replayed configuration, as every front end shows it."""
+
+    label: str  # what the row is called ("recorded: …", the option string, "(torch defaults)")
+    conf: str  # the option string replayed ("" = torch defaults)
+    result: SimResult
+    reason: str | None = None  # ranked rows: why it ranks where it does
+    is_current: bool = False  # the settings the trace was recorded with
+    rank: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        doc = self.result.to_json()
+        doc.pop("series", None)
+        doc["conf"] = self.conf
+        doc["recorded_settings"] = self.is_current
+        if self.rank is not None:
+            doc["rank"] = self.rank
+            doc["reason"] = self.reason
+            doc["is_current"] = self.is_current
+        return doc
+
+
+@dataclass(frozen=True)
+class SimulationReport:
+    """Everything a front end prints about one simulation: header facts, rows, notes."""
+
+    source_label: str
+    trace_summary: str
+    num_events: int
+    torch_version: TorchVersion
+    device_total: int | None
+    fidelity: Fidelity | None
+    rows: tuple[SimulationRow, ...]
+    ranked: bool
+    start_state: str | None = None  # where the replay starts, when not from an empty allocator
+    version_note: str | None = None  # how the torch release was chosen, when it was inferred
+    notes: tuple[str, ...] = ()
+
+    def to_json(self) -> list[dict[str, Any]]:
+        docs = []
+        for row in self.rows:
+            doc = row.to_json()
+            if self.ranked:
+                doc["fidelity"] = self.fidelity.to_json() if self.fidelity is not None else None
+            docs.append(doc)
+        return docs
+
+
+def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest()) -> SimulationReport:
+    """Replay ``source`` under its recorded settings and the requested others.
+
+    Raises:
+        SnapshotError: the snapshot has no usable trace.
+        AllocConfError: a requested configuration or fraction is not valid for this trace.
+    """
+    from allocconf_widget.core.memory.snapshot import allocator_settings
+    from allocconf_widget.core.sim.settings import SimSettings
+    from allocconf_widget.core.sim.simulator import simulate_many
+    from allocconf_widget.core.sim.trace import extract_trace
+    from allocconf_widget.core.units import format_bytes
+
+    trace = extract_trace(source.snapshot, source.device)
+    notes: list[str] = []
+    device_total, non_pytorch = source.device_total, source.non_pytorch_bytes
+    fraction = request.fraction
+    if fraction is not None and not 0.0 <= fraction <= 1.0:
+        raise AllocConfError(f"a memory fraction must be between 0 and 1, not {fraction}",
+                             fix="pass e.g. 0.5 for half of the device")
+    if device_total is None and fraction is None:
+        usable = trace.inferred_usable_bytes()
+        if usable is not None:
+            device_total, non_pytorch = usable, 0
+            notes.append(f"device capacity: {format_bytes(usable)} usable, inferred from the OOM "
+                         "recorded in the trace")
+    if fraction is not None and device_total is None:
+        raise AllocConfError("a memory fraction is a share of the device's memory, which is not known "
+                             "for this trace", fix="give the device's total memory (--device-total)")
+    if device_total is None:
+        notes.append("device capacity unknown: the device is treated as unlimited, so no OOM can "
+                     "be predicted (give --device-total)")
+    version, version_note = source.torch_version, None
+    if version is None:
+        choice = trace_torch_version(source.snapshot, trace, device_total=device_total,
+                                     non_pytorch_bytes=non_pytorch, fraction=fraction)
+        version, version_note = choice.version, choice.note
+    readback = allocator_settings(source.snapshot)
+    if not readback:
+        notes.append("the snapshot has no allocator_settings (torch < 2.3): assuming the trace ran "
+                     "with torch's defaults")
+    recorded = SimSettings.from_allocator_settings(readback or None, version)
+    if fraction is not None:
+        recorded = dataclasses.replace(recorded, per_process_memory_fraction=fraction)
+    start_state = None
+    if trace.initial_state is not None:
+        state = trace.initial_state
+        start_state = (f"the replay starts from {state.provenance()} ({state.describe()}); "
+                       "other settings are replayed as if switched now, keeping these segments")
+    elif trace.initial_note:
+        notes.append(trace.initial_note)
+    if trace.partial:
+        notes.append(f"the trace is partial: {trace.unknown_frees:,} frees of memory allocated before "
+                     "it began (ring buffer full); predictions cover only the recorded window")
+    head = SimulationReport(source.label, trace.describe(), trace.num_events, version, device_total,
+                            fidelity=None, rows=(), ranked=False, start_state=start_state,
+                            version_note=version_note)
+    if request.rank:
+        from allocconf_widget.core.sim.recommend import recommend
+
+        rec = recommend(trace, torch_version=version, current_settings=recorded,
+                        current_conf=recorded.describe(), device_total=device_total,
+                        non_pytorch_bytes=non_pytorch, fraction=fraction,
+                        extra_confs=_checked_confs(request.confs, version, notes),
+                        workers=request.workers)
+        rows = tuple(SimulationRow((c.conf or "(torch defaults)") + (" [current]" if c.is_current else ""),
+                                   c.conf, c.result, c.reason, c.is_current, rank)
+                     for rank, c in enumerate(rec.candidates, 1))
+        notes.extend(n for n in rec.notes if not n.startswith("the replays start from")
+                     and n != trace.initial_note and not n.startswith("the trace is partial"))
+        return dataclasses.replace(head, fidelity=rec.fidelity, rows=rows, ranked=True,
+                                   notes=tuple(notes))
+    confs = _checked_confs(request.confs, version, notes)
+    others = []
+    for conf in confs:
+        s = SimSettings.from_string(conf, version)
+        others.append(dataclasses.replace(s, per_process_memory_fraction=fraction)
+                      if fraction is not None else s)
+    configs = [recorded, *others]
+    results = simulate_many(trace, configs, device_total=device_total, non_pytorch_bytes=non_pytorch,
+                            stop_at_oom=not request.continue_after_oom, workers=request.workers,
+                            check=[True] + [False] * len(others))
+    fidelity = results[0].fidelity
+    if confs:
+        rows = tuple(SimulationRow(conf or "(torch defaults)", conf, r.with_fidelity(fidelity))
+                     for conf, r in zip(confs, results[1:], strict=True))
+    else:
+        rows = (SimulationRow(f"recorded: {recorded.describe()}", recorded.label or "",
+                              results[0].with_fidelity(fidelity), is_current=True),)
+    return dataclasses.replace(head, fidelity=fidelity, rows=rows, notes=tuple(notes))
+
+
+def _checked_confs(confs: tuple[str, ...], version: TorchVersion, notes: list[str]) -> list[str]:
+    """Validate each requested configuration for ``version``; its warnings become notes."""
+    from allocconf_widget.core.config.conf import parse_conf
+
+    out = []
+    for conf in confs:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", AllocConfWarning)
+            try:
+                parse_conf(conf, torch_version=version)
+            except AllocConfError as exc:
+                raise AllocConfError(f"{conf!r}: {exc}") from None
+        notes.extend(f"{conf!r}: {w.message}" for w in caught)
+        out.append(conf)
+    return out

@@ -21,8 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from allocconf_widget._errors import SnapshotError
+from allocconf_widget.core.units import MIB
 
-MIB = 1 << 20
 SIZE_VARIABLE = "ALLOCCONF_MAX_SNAPSHOT_MIB"
 ITEMS_VARIABLE = "ALLOCCONF_MAX_SNAPSHOT_ITEMS"
 _CONTAINERS = (list, tuple, dict, set, frozenset)

@@ -93,36 +93,38 @@ def _key_of(other: object) -> tuple[int, int] | None:
     return None
 
 
+def _parse_parts(value: str | tuple[int, int] | TorchVersion) -> TorchVersion:
+    """Parse without the range check: any ``major.minor`` is a version here."""
+    if isinstance(value, TorchVersion):
+        return value
+    if isinstance(value, tuple):
+        major, minor = value
+        return TorchVersion(int(major), int(minor), "cuda", f"{major}.{minor}")
+    match = _VERSION_RE.match(value)
+    if not match:
+        raise AllocConfError(
+            f"{value!r} is not a torch version",
+            fix="give it as MAJOR.MINOR, e.g. 2.11 or 2.11.0+cu130",
+        )
+    local = (match.group(5) or "").lower()
+    build = "rocm" if local.startswith("rocm") else "cpu" if local == "cpu" else "cuda"
+    return TorchVersion(int(match.group(1)), int(match.group(2)), build, value.strip())
+
+
 def parse_version(value: str | tuple[int, int] | TorchVersion) -> TorchVersion:
     """Parse ``"2.11.0+cu130"``, ``"2.9"``, ``(2, 9)`` or a TorchVersion.
 
     Raises:
         AllocConfError: not a version, or older than 1.13 (which we do not model).
     """
-    if isinstance(value, TorchVersion):
-        return value
-    if isinstance(value, tuple):
-        major, minor = value
-        text = f"{major}.{minor}"
-        build = "cuda"
-    else:
-        match = _VERSION_RE.match(value)
-        if not match:
-            raise AllocConfError(
-                f"{value!r} is not a torch version",
-                fix="give it as MAJOR.MINOR, e.g. 2.11 or 2.11.0+cu130",
-            )
-        major, minor = int(match.group(1)), int(match.group(2))
-        local = (match.group(5) or "").lower()
-        build = "rocm" if local.startswith("rocm") else "cpu" if local == "cpu" else "cuda"
-        text = value.strip()
-    if (major, minor) < OLDEST:
+    version = _parse_parts(value)
+    if version.key < OLDEST:
         raise AllocConfError(
-            f"torch {major}.{minor} is older than what allocconf_widget models "
+            f"torch {version} is older than what allocconf_widget models "
             f"({OLDEST[0]}.{OLDEST[1]} to {NEWEST[0]}.{NEWEST[1]})",
             fix="upgrade torch, or pass --torch-version 1.13 to check against the oldest model",
         )
-    return TorchVersion(major, minor, build, text)
+    return version
 
 
 def installed_torch_version() -> TorchVersion | None:
@@ -150,6 +152,29 @@ def default_version() -> TorchVersion:
 
 
 VersionLike = str | tuple[int, int] | TorchVersion | None
+
+#: The releases the replay simulator models (its rules differ from 2.0 on; 1.13 is not modelled).
+SIM_OLDEST = (2, 0)
+#: The release whose allocator source the simulator's rules were written from; the default
+#: when nothing says which torch wrote a trace.
+SIM_DEFAULT = TorchVersion(2, 12, text="2.12")
+
+
+def simulated_release(value: str | tuple[int, int] | TorchVersion) -> TorchVersion:
+    """Parse ``value`` and check that the replay simulator models that release.
+
+    Raises:
+        AllocConfError: not a version, or a release outside 2.0 … 2.15.
+    """
+    version = _parse_parts(value)
+    if not SIM_OLDEST <= version.key <= NEWEST:
+        raise AllocConfError(
+            f"torch {version} is outside the simulated range "
+            f"{SIM_OLDEST[0]}.{SIM_OLDEST[1]}–{NEWEST[0]}.{NEWEST[1]}",
+            fix=f"pass --torch-version with a release from {SIM_OLDEST[0]}.{SIM_OLDEST[1]} "
+                f"to {NEWEST[0]}.{NEWEST[1]}",
+        )
+    return version
 
 
 def resolve_version(torch_version: VersionLike) -> TorchVersion:

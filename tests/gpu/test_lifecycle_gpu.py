@@ -76,7 +76,7 @@ def test_set_before_import_applies_at_first_cuda_use():
         s = Session(); s.stage_text("expandable_segments:True,max_split_size_mb:256")
         import torch
         e = expandable_now()
-        from allocconf_widget.adapters.readback import read_back
+        from allocconf_widget.adapters.effective_settings import read_back
         rb = read_back("expandable_segments:True,max_split_size_mb:256")
         out = {"expandable": e, "readback_ok": rb.ok, "rows": [(r.option, r.effective) for r in rb.rows]}
     """)
@@ -101,7 +101,7 @@ def test_readback_catches_a_variable_set_too_late():
         torch.cuda.get_device_name(0)         # initialises CUDA
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"   # what blog posts say
         e = expandable_now()
-        from allocconf_widget.adapters.readback import read_back
+        from allocconf_widget.adapters.effective_settings import read_back
         rb = read_back()
         out = {"expandable": e, "ok": rb.ok, "causes": list(rb.causes)}
     """)
@@ -114,7 +114,7 @@ def test_one_option_change_keeps_the_others_live():
         import torch
         x = torch.empty(1, device="cuda")
         from allocconf_widget.app.session import Session
-        from allocconf_widget.adapters.readback import read_back
+        from allocconf_widget.adapters.effective_settings import read_back
         s = Session()
         s.stage_text("max_split_size_mb:256,garbage_collection_threshold:0.6"); s.apply(save=False)
         s.update({"expandable_segments": "True"}); r = s.apply(save=False)
@@ -166,7 +166,7 @@ def test_restart_with_saved_backend_applies_it():
 
 def test_readback_flags_a_shadowing_variable():
     out = fresh("two variables", """
-        from allocconf_widget.adapters.readback import read_back
+        from allocconf_widget.adapters.effective_settings import read_back
         import torch
         x = torch.empty(1, device="cuda")
         rb = read_back("expandable_segments:True")   # what PYTORCH_ALLOC_CONF asked for

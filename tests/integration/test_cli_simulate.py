@@ -15,7 +15,8 @@ import pytest
 
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import simulate
-from allocconf_widget.core.sim.trace import SEG_NAMES, TraceBuilder
+from allocconf_widget.core.sim.trace import SEG_NAMES
+from tests.trace_builder import TraceBuilder
 
 REPO = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
@@ -145,7 +146,7 @@ def test_recommend_ranks_candidates(trace_file: Path) -> None:
         (["--conf", "max_split_size_mb:1"], "too small"),
         (["--conf", "no_such_key:1"], "unknown option"),
         (["--device-total", "eighty"], "cannot read 'eighty' as a size"),
-        (["--fraction", "0.5"], "needs --device-total"),
+        (["--fraction", "0.5"], "total memory (--device-total)"),
         (["--torch-version", "1.9"], "outside the simulated range"),
     ],
 )

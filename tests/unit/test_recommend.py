@@ -11,7 +11,8 @@ from allocconf_widget._errors import AllocConfError
 from allocconf_widget.core.memory.snapshot import load_snapshot
 from allocconf_widget.core.sim.recommend import candidate_confs, format_bytes, recommend
 from allocconf_widget.core.sim.settings import SimSettings
-from allocconf_widget.core.sim.trace import TraceBuilder, extract_trace
+from allocconf_widget.core.sim.trace import extract_trace
+from tests.trace_builder import TraceBuilder
 
 MiB = 1 << 20
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -14,7 +14,8 @@ import pytest
 from allocconf_widget.core.sim.engine import Engine
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import SimResult, simulate, simulate_many
-from allocconf_widget.core.sim.trace import SEG_NAMES, TraceBuilder
+from allocconf_widget.core.sim.trace import SEG_NAMES
+from tests.trace_builder import TraceBuilder
 
 MiB = 1 << 20
 KiB = 1 << 10

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from allocconf_widget.core.sim.trace import TraceBuilder
+from tests.trace_builder import TraceBuilder
 from tests.unit.test_simulator import KiB, MiB, cached, engine, run, segs, settings
 
 ES = {"expandable_segments": True}

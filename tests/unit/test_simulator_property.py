@@ -11,7 +11,8 @@ from allocconf_widget.core.sim.blocks import Block
 from allocconf_widget.core.sim.engine import Engine
 from allocconf_widget.core.sim.settings import SimSettings, round_size
 from allocconf_widget.core.sim.simulator import self_check, simulate
-from allocconf_widget.core.sim.trace import SEG_NAMES, TraceBuilder, decode_entries
+from allocconf_widget.core.sim.trace import SEG_NAMES, decode_entries
+from tests.trace_builder import TraceBuilder
 
 MiB = 1 << 20
 

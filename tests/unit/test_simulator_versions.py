@@ -12,11 +12,12 @@ from allocconf_widget.core.sim.settings import (
     LARGE_BUFFER,
     EngineRules,
     SimSettings,
-    parse_torch_version,
     round_size,
 )
 from allocconf_widget.core.sim.simulator import infer_torch_version, simulate
-from allocconf_widget.core.sim.trace import TraceBuilder, decode_entries
+from allocconf_widget.core.sim.trace import decode_entries
+from allocconf_widget.core.versions import simulated_release
+from tests.trace_builder import TraceBuilder
 from tests.unit.test_simulator import MiB, run, segs, settings
 
 Z = (0,) * 16
@@ -124,13 +125,13 @@ def test_equal_size_tie_break_by_address_until_2_11_then_by_counter() -> None:
     assert run(b, settings(torch_version=(2, 14)), device_total=54 * MiB).oom is not None
 
 
-def test_parse_torch_version() -> None:
-    assert parse_torch_version("2.11.0+cu130") == (2, 11)
-    assert parse_torch_version((2, 3)) == (2, 3)
+def test_simulated_release() -> None:
+    assert simulated_release("2.11.0+cu130") == (2, 11)
+    assert simulated_release((2, 3)) == (2, 3)
     with pytest.raises(ValueError, match="outside"):
-        parse_torch_version("1.13")
+        simulated_release("1.13")
     with pytest.raises(ValueError, match=r"MAJOR\.MINOR"):
-        parse_torch_version("latest")
+        simulated_release("latest")
 
 
 # ---------------------------------------------------------------- settings

@@ -17,11 +17,11 @@ from allocconf_widget.core.sim.trace import (
     OP_OOM,
     SEG_ALLOC,
     SEG_FREE,
-    TraceBuilder,
     decode_entries,
     extract_trace,
     guess_torch_version,
 )
+from tests.trace_builder import TraceBuilder
 
 MiB = 1 << 20
 

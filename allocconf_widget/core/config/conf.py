@@ -143,10 +143,6 @@ class AllocConf:
         drop = {opt.canonical_name(n) for n in names}
         return _reparse({k: v for k, v in self.entries if k not in drop}, self.torch_version)
 
-    def for_version(self, version: VersionLike) -> AllocConf:
-        """Re-check this configuration for another torch release (raises if it does not fit)."""
-        return _parse(self.to_string(), resolve_version(version))
-
     def diff(self, other: AllocConf | str | Mapping[str, Any]) -> tuple[Change, ...]:
         """Options whose value differs from ``self`` to ``other``, in canonical order."""
         theirs = _coerce(other, self.torch_version).as_dict()

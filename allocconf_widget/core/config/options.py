@@ -13,11 +13,11 @@ import enum
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from allocconf_widget.core.units import MIB
 from allocconf_widget.core.versions import TorchVersion
 
 Release = tuple[int, int]
 
-MIB = 1 << 20
 SIZE_MAX = (1 << 64) - 1
 #: Largest *_mb value that still fits in size_t once multiplied by 1 MiB.
 MAX_MIB = SIZE_MAX // MIB
@@ -507,11 +507,6 @@ def canonical_name(name: str) -> str:
 def options_for(version: TorchVersion) -> Iterator[OptionSpec]:
     """The options torch ``version`` accepts, in canonical order."""
     return (spec for spec in OPTIONS if spec.exists_in(version))
-
-
-def all_names() -> tuple[str, ...]:
-    """Every key any modelled release accepts, aliases included (for typo suggestions)."""
-    return tuple(_BY_NAME) + tuple(_ALIASES)
 
 
 def canonical_index(name: str) -> int:

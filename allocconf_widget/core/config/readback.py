@@ -17,8 +17,8 @@ from typing import Any
 from allocconf_widget._errors import AllocConfError
 from allocconf_widget.core.config.conf import AllocConf, RoundupDivisions, format_value, parse_conf
 from allocconf_widget.core.config.envvars import EnvReport
+from allocconf_widget.core.units import MIB
 
-MIB = 1 << 20
 _SLOT_KEYS = tuple(str(1 << i) for i in range(16))
 
 

@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from allocconf_widget.core.memory.snapshot import (
     ACTIVE_ALLOCATED,
     INACTIVE,
-    Block,
     Segment,
     Snapshot,
+    SnapshotBlock,
     pool_id_of,
     requested_size_of,
     segment_type_of,
 )
+from allocconf_widget.core.numbers import int_or_none
 
 # itemgetter raises KeyError when a block lacks one of these; that sends the
 # segment to the tolerant path. Requiring "frames" keeps the fast path exactly
@@ -178,7 +179,7 @@ class _Tally:
         )
 
 
-def _scan_fast(blocks: Iterable[Block], tally: _Tally) -> None:
+def _scan_fast(blocks: Iterable[SnapshotBlock], tally: _Tally) -> None:
     """One pass over well-formed (2.1+) blocks. Raises KeyError on any other block."""
     allocated = requested_allocated = pending = requested_pending = inactive = largest = 0
     for state, size, requested, _frames in map(_FAST_FIELDS, blocks):
@@ -200,7 +201,7 @@ def _scan_fast(blocks: Iterable[Block], tally: _Tally) -> None:
     tally.largest_free = largest
 
 
-def _scan_tolerant(blocks: Iterable[Block], tally: _Tally) -> None:
+def _scan_tolerant(blocks: Iterable[SnapshotBlock], tally: _Tally) -> None:
     """Same sums for legacy 2.0 blocks (``history``) or blocks missing optional keys."""
     allocated = requested_allocated = pending = requested_pending = inactive = largest = 0
     for block in blocks:
@@ -226,7 +227,7 @@ def _scan_tolerant(blocks: Iterable[Block], tally: _Tally) -> None:
 def _tally_pool(segments: list[Segment], pool: str, with_fills: bool) -> _Tally:
     """Sums over all blocks of a pool's segments in one pass (no per-segment bookkeeping)."""
     reserved = 0
-    blocks: list[Block] = []
+    blocks: list[SnapshotBlock] = []
     extend = blocks.extend
     for segment in segments:
         reserved += segment["total_size"]
@@ -403,11 +404,8 @@ STATS_METRIC_KEYS = (
 """Keys of :func:`stats_metrics`' result, in display order."""
 
 
-def _int_or_none(stats: Mapping[str, object], key: str) -> int | None:
-    value = stats.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return int(value)
+def _stat(stats: Mapping[str, object], key: str) -> int | None:
+    return int_or_none(stats.get(key))
 
 
 def _difference(a: int | None, b: int | None) -> int | None:
@@ -429,19 +427,16 @@ def stats_metrics(stats: Mapping[str, object]) -> dict[str, int | float | None]:
     ``backend:cudaMallocAsync`` most counters are 0 (reported as 0).
     """
     out: dict[str, int | float | None] = {
-        name: _int_or_none(stats, key) for name, key in _STATS_CURRENT.items()
+        name: _stat(stats, key) for name, key in _STATS_CURRENT.items()
     }
     reserved, allocated = out["reserved_bytes"], out["allocated_bytes"]
     active, requested = out["active_bytes"], out["requested_bytes"]
-    cached = _difference(_as_int(reserved), _as_int(allocated))
+    cached = _difference(int_or_none(reserved), int_or_none(allocated))
     out["cached_bytes"] = cached
-    out["cached_fraction"] = _ratio(cached, _as_int(reserved))
-    out["pending_free_bytes"] = _difference(_as_int(active), _as_int(allocated))
-    out["internal_fragmentation_bytes"] = _difference(_as_int(allocated), _as_int(requested))
-    peak_ratio = _ratio(_as_int(out["active_bytes_peak"]), _as_int(out["reserved_bytes_peak"]))
+    out["cached_fraction"] = _ratio(cached, int_or_none(reserved))
+    out["pending_free_bytes"] = _difference(int_or_none(active), int_or_none(allocated))
+    out["internal_fragmentation_bytes"] = _difference(int_or_none(allocated), int_or_none(requested))
+    peak_ratio = _ratio(int_or_none(out["active_bytes_peak"]), int_or_none(out["reserved_bytes_peak"]))
     out["gmlake_fragmentation"] = None if peak_ratio is None else 1.0 - peak_ratio
     return out
 
-
-def _as_int(value: int | float | None) -> int | None:
-    return None if value is None else int(value)

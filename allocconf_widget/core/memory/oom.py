@@ -25,10 +25,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from allocconf_widget.core.units import format_bytes
-
-MIB = 1 << 20
-GIB = 1 << 30
+from allocconf_widget.core.units import GIB, MIB, format_bytes
+from allocconf_widget.core.versions import TorchVersion, parse_version
 
 FRAGMENTATION_MIN_BYTES = 256 * MIB
 """Reserved-but-unallocated below this is not worth a setting change."""
@@ -454,7 +452,7 @@ def _expandable_reason(s: _Situation) -> str:
     return text
 
 
-def _expandable_rule(s: _Situation, torch_version: tuple[int, int]) -> list[Advice]:
+def _expandable_rule(s: _Situation, torch_version: TorchVersion) -> list[Advice]:
     if s.async_backend:
         return []
     if s.expandable_on:
@@ -471,7 +469,7 @@ def _expandable_rule(s: _Situation, torch_version: tuple[int, int]) -> list[Advi
         return [Advice("upgrade_for_expandable", None, (
             f"{format_bytes(s.info.reserved_unallocated)} is reserved but unallocated; "
             f"expandable segments, the usual fix, need torch 2.1 or newer "
-            f"(this is {torch_version[0]}.{torch_version[1]})"
+            f"(this is {torch_version})"
         ))]
     return [Advice("expandable_segments", "expandable_segments:True", _expandable_reason(s))]
 
@@ -510,7 +508,8 @@ def _outside_rules(s: _Situation) -> list[Advice]:
 
 
 def advise(
-    info: OomInfo, effective_settings: Mapping[str, object], torch_version: tuple[int, int]
+    info: OomInfo, effective_settings: Mapping[str, object],
+    torch_version: TorchVersion | tuple[int, int] | str,
 ) -> list[Advice]:
     """Suggestions for one OOM, most decisive first.
 
@@ -520,7 +519,7 @@ def advise(
             ``expandable_segments`` (bool or "True"/"False"), ``max_split_size_mb``
             (MiB, from a parsed conf) or ``max_split_size`` (bytes, -1 = unlimited,
             as in a snapshot's ``allocator_settings``), and ``backend``.
-        torch_version: ``(major, minor)`` of the torch that raised the error.
+        torch_version: the torch that raised the error (a version, ``(major, minor)`` or text).
 
     Expandable segments are never suggested when already on (pytorch/pytorch#173049).
     """
@@ -529,6 +528,6 @@ def advise(
         *_fraction_rule(situation),
         *_no_fix_rule(situation),
         *_max_split_rule(situation),
-        *_expandable_rule(situation, torch_version),
+        *_expandable_rule(situation, parse_version(torch_version)),
         *_outside_rules(situation),
     ]

@@ -27,6 +27,7 @@ from allocconf_widget._errors import SnapshotError
 from allocconf_widget.core.memory.metrics import cached_share
 from allocconf_widget.core.memory.snapshot import Snapshot, load_snapshot
 from allocconf_widget.core.memory.timeline import Timeline
+from allocconf_widget.core.numbers import int_or_none
 
 DEMO_NAME = "demo_cnn_h200"
 
@@ -172,12 +173,6 @@ def _f(value: int | None) -> float | None:
     return None if value is None else float(value)
 
 
-def _int(value: object) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return int(value)
-
-
 def _samples(keys: Sequence[str], rows: Sequence[Sequence[Any]], where: str) -> tuple[RecordedSample, ...]:
     if not keys or keys[0] != "t_s":
         raise SnapshotError(f"{where}: 'timeline_keys' must start with 't_s' (got {list(keys)[:3]})")
@@ -185,7 +180,7 @@ def _samples(keys: Sequence[str], rows: Sequence[Sequence[Any]], where: str) -> 
 
     def pick(row: Sequence[Any], name: str) -> int | None:
         i = columns.get(name)
-        return _int(row[i]) if i is not None and i < len(row) else None
+        return int_or_none(row[i]) if i is not None and i < len(row) else None
 
     out = []
     for n, row in enumerate(rows):
@@ -242,13 +237,13 @@ def recording_from_dict(
         fraction=float(fraction) if isinstance(fraction, int | float) else None,
         torch_version=str(meta["torch"]) if meta.get("torch") else None,
         device_name=str(meta["device_name"]) if meta.get("device_name") else None,
-        device_total_bytes=_int(meta.get("device_total_bytes")),
-        free_at_start_bytes=_int(meta.get("free_at_start_bytes")),
+        device_total_bytes=int_or_none(meta.get("device_total_bytes")),
+        free_at_start_bytes=int_or_none(meta.get("free_at_start_bytes")),
         wall_s=float(meta["wall_s"]) if isinstance(meta.get("wall_s"), int | float) else None,
         oom_message=meta.get("oom") if isinstance(meta.get("oom"), str) else None,
         stats=dict(stats) if isinstance(stats, Mapping) else {},
         allocator_settings=dict(settings) if isinstance(settings, Mapping) else None,
-        trace_events=_int(meta.get("trace_events")),
+        trace_events=int_or_none(meta.get("trace_events")),
         snapshot_path=(
             Path(snapshot_path) if isinstance(snapshot_path, str | os.PathLike) else snapshot_path
         ),

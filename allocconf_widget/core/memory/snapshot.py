@@ -67,7 +67,7 @@ class _BlockEssentials(TypedDict):
     state: str
 
 
-class Block(_BlockEssentials, total=False):
+class SnapshotBlock(_BlockEssentials, total=False):
     """A piece of a segment; ``requested_size`` is meaningful only while the block is active."""
 
     address: int
@@ -79,7 +79,7 @@ class Block(_BlockEssentials, total=False):
 
 class _SegmentEssentials(TypedDict):
     total_size: int
-    blocks: list[Block]
+    blocks: list[SnapshotBlock]
 
 
 class Segment(_SegmentEssentials, total=False):
@@ -372,7 +372,7 @@ def allocator_settings(snapshot: Snapshot) -> dict[str, Any] | None:
     return dict(settings) if isinstance(settings, dict) else None
 
 
-def requested_size_of(block: Block) -> int:
+def requested_size_of(block: SnapshotBlock) -> int:
     """Bytes the caller asked for, read the way ``torch.cuda._memory_viz._block_extra`` does.
 
     Snapshots from 2.1+ carry ``frames`` and ``requested_size``; 2.0 blocks keep

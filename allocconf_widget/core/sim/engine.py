@@ -37,9 +37,8 @@ from allocconf_widget.core.sim.blocks import (
     insert_free,
     remove_free,
 )
-from allocconf_widget.core.sim.result import OomInfo, SegmentEvent, SimResult, SimSeries
+from allocconf_widget.core.sim.result import PredictedOom, SegmentEvent, SimResult, SimSeries
 from allocconf_widget.core.sim.settings import (
-    MIB,
     ROUND_LARGE,
     SMALL_SIZE,
     EngineRules,
@@ -55,6 +54,7 @@ from allocconf_widget.core.sim.state import (
     StateSegment,
 )
 from allocconf_widget.core.sim.trace import SEG_ALLOC, SEG_MAP
+from allocconf_widget.core.units import MIB
 
 if TYPE_CHECKING:
     from allocconf_widget.core.sim.trace import Trace
@@ -177,7 +177,7 @@ class Engine:
         self.num_ooms = self.num_oom_rejections = self.num_sync_all_streams = 0
         self.recorded_ooms = self.recorded_ooms_avoided = 0
         self.rejected = False
-        self.oom: OomInfo | None = None
+        self.oom: PredictedOom | None = None
         self.seg_events: list[SegmentEvent] = []
         self.stop_op: int | None = None
         # simulated address space: the driver model, or the recorded addresses (+ bump)
@@ -518,7 +518,7 @@ class Engine:
             if not self.rejected:
                 self.num_ooms += 1
             if self.oom is None:
-                self.oom = OomInfo(
+                self.oom = PredictedOom(
                     event_index=self.trace.op_index[i],
                     requested_bytes=n,
                     rounded_bytes=r,

@@ -19,10 +19,11 @@ from typing import Any
 
 from allocconf_widget._errors import AllocConfError, AllocConfWarning
 from allocconf_widget.core.sim.result import Fidelity, SimResult
-from allocconf_widget.core.sim.settings import MIB, SimSettings, parse_torch_version
+from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import simulate_many
 from allocconf_widget.core.sim.trace import Trace
-from allocconf_widget.core.units import format_bytes
+from allocconf_widget.core.units import MIB, format_bytes
+from allocconf_widget.core.versions import TorchVersion, simulated_release
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class Recommendation:
     candidates: tuple[Candidate, ...]
     current: Candidate
     fidelity: Fidelity | None
-    torch_version: tuple[int, int]
+    torch_version: TorchVersion
     device_total: int | None
     notes: tuple[str, ...] = ()
 
@@ -63,7 +64,7 @@ class Recommendation:
     def to_json(self) -> dict[str, Any]:
         """Plain dict for JSON output."""
         return {
-            "torch_version": f"{self.torch_version[0]}.{self.torch_version[1]}",
+            "torch_version": str(self.torch_version),
             "device_total": self.device_total,
             "fidelity": self.fidelity.to_json() if self.fidelity is not None else None,
             "notes": list(self.notes),
@@ -71,7 +72,7 @@ class Recommendation:
         }
 
 
-def candidate_confs(version: tuple[int, int], *, with_fraction: bool) -> list[tuple[str, str]]:
+def candidate_confs(version: TorchVersion, *, with_fraction: bool) -> list[tuple[str, str]]:
     """The grid as ``(conf, kind)`` pairs for a torch release.
 
     GC thresholds appear only ``with_fraction`` (without a memory-fraction limit
@@ -92,7 +93,7 @@ def candidate_confs(version: tuple[int, int], *, with_fraction: bool) -> list[tu
     return grid
 
 
-def _settings_for(conf: str, version: tuple[int, int]) -> SimSettings:
+def _settings_for(conf: str, version: TorchVersion) -> SimSettings:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AllocConfWarning)  # traps are explained by the reason
         return SimSettings.from_string(conf, version)
@@ -121,7 +122,7 @@ def recommend(
             applied to every candidate (it is a limit, not a tuning knob).
         extra_confs: more option strings to try (validated; invalid ones raise).
     """
-    version = parse_torch_version(torch_version)
+    version = simulated_release(torch_version)
     if current_settings is None:
         current_settings = _settings_for(current_conf or "", version)
     if fraction is None:

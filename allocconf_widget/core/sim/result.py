@@ -23,7 +23,7 @@ SegmentEvent = tuple[int, int, int, int]
 
 
 @dataclass(frozen=True)
-class OomInfo:
+class PredictedOom:
     """An allocation the simulated allocator could not serve.
 
     ``recorded`` is True when the real run failed there as well (an ``oom``
@@ -172,7 +172,7 @@ class SimResult:
     num_ooms: int
     num_oom_rejections: int
     num_sync_all_streams: int
-    oom: OomInfo | None
+    oom: PredictedOom | None
     recorded_ooms: int
     recorded_ooms_avoided: int
     stopped_early: bool
@@ -201,7 +201,7 @@ class SimResult:
         """Plain dict; ``segment_events`` are left out (they can be huge)."""
         return {
             "conf": self.settings.describe(),
-            "torch_version": f"{self.settings.torch_version[0]}.{self.settings.torch_version[1]}",
+            "torch_version": str(self.settings.torch_version),
             "events": self.events,
             "ops": self.ops,
             "peak_reserved_bytes": self.peak_reserved_bytes,

@@ -15,7 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-MIB = 1 << 20
+from allocconf_widget.core.numbers import int_or_none
+from allocconf_widget.core.units import MIB
+from allocconf_widget.core.versions import SIM_DEFAULT, TorchVersion, parse_version, simulated_release
+
 MIN_BLOCK = 512  # kMinBlockSize: rounding unit and smallest block
 SMALL_SIZE = MIB  # kSmallSize: rounded sizes up to this use the small pool
 SMALL_BUFFER = 2 * MIB  # kSmallBuffer: small-pool segment and expandable page
@@ -25,17 +28,13 @@ ROUND_LARGE = 2 * MIB  # kRoundLarge
 NUM_SLOTS = 16  # kRoundUpPowerOfTwoIntervals
 UNLIMITED = 1 << 64  # stands in for SIZE_MAX (max_split_size unset)
 
-#: The release whose allocator source §6 of docs/internals/allocator_facts.md was written from.
-DEFAULT_TORCH_VERSION = (2, 12)
-OLDEST_SUPPORTED = (2, 0)
-NEWEST_SUPPORTED = (2, 15)
 
 
 class ConfLike(Protocol):
     """What :meth:`SimSettings.from_conf` needs from ``core.conf``'s parsed object."""
 
     @property
-    def torch_version(self) -> Any: ...
+    def torch_version(self) -> TorchVersion: ...
 
     def get(self, key: str) -> Any: ...
 
@@ -61,35 +60,6 @@ def round_size(n: int, slots: tuple[int, ...], division_needs_two: bool) -> int:
     return -(-n // MIN_BLOCK) * MIN_BLOCK
 
 
-def _version_tuple(value: Any) -> tuple[int, int]:
-    """Accept (2, 11), "2.11", "2.11.0+cu130" or an object with .major/.minor."""
-    if isinstance(value, tuple) and len(value) >= 2:
-        return int(value[0]), int(value[1])
-    major = getattr(value, "major", None)
-    minor = getattr(value, "minor", None)
-    if isinstance(major, int) and isinstance(minor, int):
-        return major, minor
-    text = str(value).strip()
-    parts = text.split("+", 1)[0].split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        raise ValueError(
-            f"cannot read a torch version from {value!r}; write it as MAJOR.MINOR, e.g. 2.11"
-        ) from None
-
-
-def parse_torch_version(value: Any) -> tuple[int, int]:
-    """Normalise a torch version to ``(major, minor)`` and check it is modelled."""
-    version = _version_tuple(value)
-    if not OLDEST_SUPPORTED <= version <= NEWEST_SUPPORTED:
-        raise ValueError(
-            f"torch {version[0]}.{version[1]} is outside the simulated range "
-            f"{OLDEST_SUPPORTED[0]}.{OLDEST_SUPPORTED[1]}–{NEWEST_SUPPORTED[0]}.{NEWEST_SUPPORTED[1]}"
-        )
-    return version
-
-
 @dataclass(frozen=True)
 class SimSettings:
     """Allocator settings in bytes, as the simulator consumes them.
@@ -107,7 +77,7 @@ class SimSettings:
     large_segment_bytes: int = LARGE_BUFFER
     per_process_memory_fraction: float | None = None
     throw_on_cudamalloc_oom: bool = False
-    torch_version: tuple[int, int] = DEFAULT_TORCH_VERSION
+    torch_version: TorchVersion = SIM_DEFAULT
     label: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -124,13 +94,13 @@ class SimSettings:
             raise ValueError("per_process_memory_fraction must be in [0, 1]")
         if self.large_segment_bytes <= 0:
             raise ValueError("large_segment_bytes must be positive")
-        object.__setattr__(self, "torch_version", _version_tuple(self.torch_version))
+        object.__setattr__(self, "torch_version", parse_version(self.torch_version))
 
     # ------------------------------------------------------------ constructors
     @classmethod
     def from_conf(cls, conf: ConfLike, *, label: str | None = None) -> SimSettings:
         """Build from a parsed configuration (``core.conf.parse_conf`` result)."""
-        version = _version_tuple(conf.torch_version)
+        version = parse_version(conf.torch_version)
         backend = conf.get("backend")
         if backend not in (None, "native"):
             from allocconf_widget._errors import AllocConfError
@@ -161,8 +131,8 @@ class SimSettings:
         """Parse ``text`` with ``core.conf.parse_conf`` and convert it."""
         from allocconf_widget.core.config.conf import parse_conf
 
-        version = parse_torch_version(torch_version)
-        conf = parse_conf(text, torch_version=f"{version[0]}.{version[1]}")
+        version = simulated_release(torch_version)
+        conf = parse_conf(text, torch_version=version)
         return cls.from_conf(conf, label=text)
 
     @classmethod
@@ -176,21 +146,21 @@ class SimSettings:
         from the last settings string it carries, read tolerantly, because a
         malformed string there was already accepted by torch.
         """
-        version = _version_tuple(torch_version)
+        version = parse_version(torch_version)
         s: Mapping[str, Any] = settings or {}
         text = s.get("PYTORCH_CUDA_ALLOC_CONF")
         pairs = scan_conf_pairs(text if isinstance(text, str) else "")
-        max_split = _int_or_none(s.get("max_split_size"))
+        max_split = _text_int(s.get("max_split_size"))
         if max_split is None:
-            max_split = _mib(_int_or_none(pairs.get("max_split_size_mb")))
+            max_split = _mib(_text_int(pairs.get("max_split_size_mb")))
         elif max_split < 0 or max_split >= (1 << 63):
             max_split = None
-        non_split = _int_or_none(s.get("max_non_split_rounding_size", s.get("max_non_split_rounding")))
+        non_split = _text_int(s.get("max_non_split_rounding_size", s.get("max_non_split_rounding")))
         if non_split is None:
-            non_split = _mib(_int_or_none(pairs.get("max_non_split_rounding_mb")))
-        large = _int_or_none(s.get("large_segment_size"))
+            non_split = _mib(_text_int(pairs.get("max_non_split_rounding_mb")))
+        large = _text_int(s.get("large_segment_size"))
         if large is None:
-            large = _mib(_int_or_none(pairs.get("large_segment_size_mb")))
+            large = _mib(_text_int(pairs.get("large_segment_size_mb")))
         gc = _opt_float(s.get("garbage_collection_threshold"))
         if gc is None:
             gc = _opt_float(pairs.get("garbage_collection_threshold"))
@@ -324,13 +294,9 @@ def _mib(value: int | None) -> int | None:
     return None if value is None else int(value) * MIB
 
 
-def _int_or_none(value: Any) -> int | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
+
+def _text_int(value: Any) -> int | None:
+    return int_or_none(value, from_text=True)
 
 
 def _opt_float(value: Any) -> float | None:
@@ -371,13 +337,13 @@ def _slots_from_readback(value: Any) -> tuple[int, ...]:
     slots = [0] * NUM_SLOTS
     if isinstance(value, Mapping):
         for key, v in value.items():
-            k = _int_or_none(key)
-            d = _int_or_none(v)
+            k = _text_int(key)
+            d = _text_int(v)
             if k is None or d is None or k <= 0 or d < 0:
                 continue
             slots[min(max(k.bit_length() - 1, 0), NUM_SLOTS - 1)] = d
     elif isinstance(value, list | tuple) and len(value) == NUM_SLOTS:
-        slots = [max(_int_or_none(v) or 0, 0) for v in value]
-    elif (d := _int_or_none(value)) is not None and d > 0:
+        slots = [max(_text_int(v) or 0, 0) for v in value]
+    elif (d := _text_int(value)) is not None and d > 0:
         slots = [d] * NUM_SLOTS
     return tuple(slots)

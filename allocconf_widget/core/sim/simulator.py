@@ -30,20 +30,21 @@ from allocconf_widget.core.sim.engine import Engine
 from allocconf_widget.core.sim.result import (
     Divergence,
     Fidelity,
-    OomInfo,
+    PredictedOom,
     SimResult,
     SimSeries,
     compare_segments,
 )
-from allocconf_widget.core.sim.settings import SimSettings, parse_torch_version, round_size
+from allocconf_widget.core.sim.settings import SimSettings, round_size
 from allocconf_widget.core.sim.state import AllocatorState, reconstruct_initial_state
 from allocconf_widget.core.sim.trace import Trace, decode_entries, extract_trace
+from allocconf_widget.core.versions import TorchVersion, parse_version
 
 __all__ = [
     "AllocatorState",
     "Divergence",
     "Fidelity",
-    "OomInfo",
+    "PredictedOom",
     "SimResult",
     "SimSeries",
     "SimSettings",
@@ -51,7 +52,6 @@ __all__ = [
     "decode_entries",
     "extract_trace",
     "infer_torch_version",
-    "parse_torch_version",
     "reconstruct_initial_state",
     "replay_state",
     "round_size",
@@ -223,12 +223,12 @@ def infer_torch_version(
     trace: Trace,
     allocator_settings: Mapping[str, Any] | None,
     *,
-    floor: tuple[int, int] = (2, 0),
-    prefer: tuple[int, int] | None = None,
+    floor: TorchVersion | tuple[int, int] = (2, 0),
+    prefer: TorchVersion | None = None,
     device_total: int | None = None,
     non_pytorch_bytes: int = 0,
     fraction: float | None = None,
-) -> tuple[tuple[int, int], Fidelity | None]:
+) -> tuple[TorchVersion, Fidelity | None]:
     """Pick the torch release whose allocator rules best reproduce the trace.
 
     Snapshots do not say which torch wrote them, and the rules differ between
@@ -238,8 +238,9 @@ def infer_torch_version(
     to the newest release. Without recorded segment events nothing can be
     told apart: ``prefer`` (or ``floor``) is returned with no fidelity.
     """
-    candidates = {v for v in RULE_CHANGES if v >= floor}
-    candidates.add(max(floor, RULE_CHANGES[0]))
+    floor = parse_version(floor)
+    candidates = {parse_version(v) for v in RULE_CHANGES if v >= floor}
+    candidates.add(max(floor, parse_version(RULE_CHANGES[0])))
     if prefer is not None and prefer >= floor:
         candidates.add(prefer)
     fallback = prefer if prefer is not None and prefer >= floor else floor

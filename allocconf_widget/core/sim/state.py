@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from allocconf_widget.core.numbers import int_or_zero
 from allocconf_widget.core.sim.settings import SMALL_BUFFER, SMALL_SIZE, EngineRules, SimSettings, round_size
 from allocconf_widget.core.units import format_bytes
 
@@ -223,17 +224,17 @@ class AllocatorState:
         for index, raw in enumerate(segments):
             if not isinstance(raw, Mapping):
                 raise ValueError(f"segment {index} is a {type(raw).__name__}, not a dict")
-            if device is not None and as_int(raw.get("device", 0)) != device:
+            if device is not None and int_or_zero(raw.get("device", 0)) != device:
                 continue
-            addr = as_int(raw.get("address"))
-            total = as_int(raw.get("total_size"))
+            addr = int_or_zero(raw.get("address"))
+            total = int_or_zero(raw.get("total_size"))
             blocks = []
             offset = addr
             for b in raw.get("blocks") or ():
                 if not isinstance(b, Mapping):
                     raise ValueError(f"segment {addr:#x}: a block is not a dict")
-                size = as_int(b.get("size"))
-                baddr = as_int(b.get("address", b.get("addr", offset)))
+                size = int_or_zero(b.get("size"))
+                baddr = int_or_zero(b.get("address", b.get("addr", offset)))
                 if baddr != offset or size <= 0:
                     raise ValueError(f"segment {addr:#x}: blocks do not tile the segment at {offset:#x}")
                 state = str(b.get("state", FREE))
@@ -250,7 +251,7 @@ class AllocatorState:
             out.append(StateSegment(
                 address=addr,
                 total_size=total,
-                stream=as_int(raw.get("stream")),
+                stream=int_or_zero(raw.get("stream")),
                 small=segment_type_of(raw) == "small",  # type: ignore[arg-type]
                 expandable=bool(raw.get("is_expandable", False)),
                 blocks=tuple(blocks),
@@ -469,7 +470,7 @@ class _Backward:
     def undo(self, e: Mapping[str, Any]) -> None:
         act = e.get("action")
         if act == "alloc":
-            addr = as_int(e.get("addr"))
+            addr = int_or_zero(e.get("addr"))
             run = self._run_at(addr, "allocation")
             b = run.blocks.get(addr)
             if b is None or b.state != _ALLOC:
@@ -477,27 +478,27 @@ class _Backward:
             self._front_of_free_block(run, b)
             self._free_and_merge(run, b)
         elif act == "free_completed":
-            self._undo_free(as_int(e.get("addr")), as_int(e.get("size")))
+            self._undo_free(int_or_zero(e.get("addr")), int_or_zero(e.get("size")))
         elif act == "free_requested":
-            addr = as_int(e.get("addr"))
+            addr = int_or_zero(e.get("addr"))
             run = self._run_at(addr, "free")
             b = run.blocks.get(addr)
             if b is None or b.state == _FREE:
                 raise ReconstructionError(f"free request at {addr:#x} for no live block")
             b.state = _ALLOC
         elif act == "segment_alloc":
-            self._undo_segment_alloc(as_int(e.get("addr")), as_int(e.get("size")))
+            self._undo_segment_alloc(int_or_zero(e.get("addr")), int_or_zero(e.get("size")))
         elif act == "segment_free":
-            addr, size = as_int(e.get("addr")), as_int(e.get("size"))
-            stream, pool = as_int(e.get("stream")), pool_id_of_entry(e)
+            addr, size = int_or_zero(e.get("addr")), int_or_zero(e.get("size"))
+            stream, pool = int_or_zero(e.get("stream")), pool_id_of_entry(e)
             run = _Run(addr, addr + size, stream, pool, size == SMALL_BUFFER, False)
             run.add(_Blk(addr, size, _FREE))
             self._add_run(run)
         elif act == "segment_map":
-            self._undo_map(as_int(e.get("addr")), as_int(e.get("size")))
+            self._undo_map(int_or_zero(e.get("addr")), int_or_zero(e.get("size")))
         elif act == "segment_unmap":
-            self._undo_unmap(as_int(e.get("addr")), as_int(e.get("size")),
-                             as_int(e.get("stream")), pool_id_of_entry(e))
+            self._undo_unmap(int_or_zero(e.get("addr")), int_or_zero(e.get("size")),
+                             int_or_zero(e.get("stream")), pool_id_of_entry(e))
         # oom, snapshot, annotate: no state change
 
     def _undo_free(self, addr: int, req: int) -> None:
@@ -681,21 +682,11 @@ def reconstruct_initial_state(
 
 
 # ---------------------------------------------------------------- helpers
-def as_int(value: Any) -> int:
-    """An int from a snapshot field; 0 when missing or malformed (snapshots are read tolerantly)."""
-    if isinstance(value, int):
-        return value
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return 0
-
-
 def pool_id_of_entry(entry: Mapping[str, Any]) -> tuple[int, int]:
     """The private-pool id a trace entry or segment carries ((0, 0) = default pool)."""
     raw = entry.get("pool_id", entry.get("segment_pool_id", entry.get("mempool_id")))
     if isinstance(raw, list | tuple) and len(raw) == 2:
-        return as_int(raw[0]), as_int(raw[1])
+        return int_or_zero(raw[0]), int_or_zero(raw[1])
     return (0, 0)
 
 

@@ -35,17 +35,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from allocconf_widget._errors import SnapshotError
+from allocconf_widget.core.numbers import int_or_zero
 from allocconf_widget.core.sim.state import (
     INITIAL_SEGMENTS_KEY,
     PENDING,
     RECORDED,
     AllocatorState,
     ReconstructionError,
-    as_int,
     pool_id_of_entry,
     reconstruct_initial_state,
     start_state_evidence,
 )
+from allocconf_widget.core.versions import TorchVersion, parse_version
 
 OP_ALLOC = 0
 OP_FREE = 1  # free_requested + free_completed at once
@@ -292,7 +293,7 @@ def _recorded_start(entries: Sequence[Any], state: AllocatorState) -> int:
     active = state.active_bytes
     for idx, e in enumerate(entries[:256]):
         if isinstance(e, Mapping) and e.get("action") == "snapshot":
-            return idx if as_int(e.get("size")) == active else 0
+            return idx if int_or_zero(e.get("size")) == active else 0
     return 0
 
 
@@ -381,7 +382,7 @@ class _Decoder:
 
     def _lane(self, entry: Mapping[str, Any]) -> int:
         pool = pool_id_of_entry(entry)
-        stream = as_int(entry.get("stream"))
+        stream = int_or_zero(entry.get("stream"))
         key = (pool, stream)
         lane = self.lane_ids.get(key)
         if lane is None:
@@ -398,7 +399,7 @@ class _Decoder:
         self.sizes.append(size)
         self.lanes.append(self._lane(entry))
         self.index.append(idx)
-        self.times.append(as_int(entry.get("time_us")))
+        self.times.append(int_or_zero(entry.get("time_us")))
 
     def _unknown(self, idx: int) -> None:
         self.unknown_frees += 1
@@ -444,16 +445,16 @@ class _Decoder:
             act = e.get("action")
             counts[str(act)] = counts.get(str(act), 0) + 1
             if act == "alloc":
-                addr = as_int(e.get("addr"))
+                addr = int_or_zero(e.get("addr"))
                 live[addr] = False
-                self._emit(OP_ALLOC, addr, as_int(e.get("size")), e, idx)
+                self._emit(OP_ALLOC, addr, int_or_zero(e.get("size")), e, idx)
             elif act == "free_requested":
-                addr = as_int(e.get("addr"))
+                addr = int_or_zero(e.get("addr"))
                 nxt = entries[idx + 1] if idx + 1 < n else None
                 fused = (
                     isinstance(nxt, Mapping)
                     and nxt.get("action") == "free_completed"
-                    and as_int(nxt.get("addr")) == addr
+                    and int_or_zero(nxt.get("addr")) == addr
                 )
                 if fused:
                     counts["free_completed"] = counts.get("free_completed", 0) + 1
@@ -467,7 +468,7 @@ class _Decoder:
                     live[addr] = True
                     self._emit(OP_FREE_REQUESTED, addr, 0, e, idx)
             elif act == "free_completed":
-                addr = as_int(e.get("addr"))
+                addr = int_or_zero(e.get("addr"))
                 requested = live.pop(addr, None)
                 if requested is None:
                     self._unknown(idx)
@@ -477,9 +478,9 @@ class _Decoder:
             elif act in _SEG_CODES:
                 self._segment(idx, e, str(act))
             elif act == "oom":
-                size = as_int(e.get("size"))
+                size = int_or_zero(e.get("size"))
                 self.ooms.append(
-                    RecordedOom(idx, size, as_int(e.get("device_free")), as_int(e.get("stream")))
+                    RecordedOom(idx, size, int_or_zero(e.get("device_free")), int_or_zero(e.get("stream")))
                 )
                 self._emit(OP_OOM, -1, size, e, idx)
             # "snapshot", "annotate" and unknown actions change no allocator state.
@@ -487,8 +488,8 @@ class _Decoder:
 
     def _segment(self, idx: int, e: Mapping[str, Any], act: str) -> None:
         self.seg_kinds.append(_SEG_CODES[act])
-        self.seg_sizes.append(as_int(e.get("size")))
-        self.seg_addrs.append(as_int(e.get("addr")))
+        self.seg_sizes.append(int_or_zero(e.get("size")))
+        self.seg_addrs.append(int_or_zero(e.get("addr")))
         self.seg_index.append(idx)
         if act not in _RELEASES:
             return
@@ -520,7 +521,7 @@ def _explained_from(entries: Sequence[Any]) -> list[bool]:
     return result
 
 
-def guess_torch_version(snapshot: Mapping[str, Any]) -> tuple[tuple[int, int], str]:
+def guess_torch_version(snapshot: Mapping[str, Any]) -> tuple[TorchVersion, str]:
     """Lower bound on the torch release that wrote ``snapshot``, from which keys it has.
 
     Snapshots do not record the torch version, so this is only a floor; the
@@ -540,7 +541,7 @@ def guess_torch_version(snapshot: Mapping[str, Any]) -> tuple[tuple[int, int], s
             version, why = (2, 11), "trace entries carry user_metadata (2.11+)"
         elif "compile_context" in first and version < (2, 8):
             version, why = (2, 8), "trace entries carry compile_context (2.8+)"
-    return version, why
+    return parse_version(version), why
 
 
 def _first_entry(snapshot: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -550,69 +551,3 @@ def _first_entry(snapshot: Mapping[str, Any]) -> Mapping[str, Any] | None:
             if isinstance(t, list) and t and isinstance(t[0], Mapping):
                 return t[0]
     return None
-
-
-class TraceBuilder:
-    """Write a synthetic trace in the snapshot's entry format (tests, benchmarks, docs).
-
-    Handles returned by :meth:`alloc` are fake, never-reused addresses unless
-    ``reuse_addresses`` is set, in which case freed addresses are handed out
-    again (LIFO), as real traces do.
-    """
-
-    def __init__(self, *, reuse_addresses: bool = False) -> None:
-        self.entries: list[dict[str, Any]] = []
-        self._next = 0x7F0000000000
-        self._reuse = reuse_addresses
-        self._freed: list[int] = []
-
-    def _add(self, action: str, addr: int, size: int, stream: int, **extra: Any) -> None:
-        entry: dict[str, Any] = {"action": action, "addr": addr, "size": size, "stream": stream,
-                                 "time_us": len(self.entries)}
-        entry.update(extra)
-        self.entries.append(entry)
-
-    def alloc(self, size: int, stream: int = 0, **extra: Any) -> int:
-        """An ``alloc`` entry; returns the address to free later."""
-        if self._reuse and self._freed:
-            addr = self._freed.pop()
-        else:
-            addr = self._next
-            self._next += 512 * (1 + size // 512)
-        self._add("alloc", addr, size, stream, **extra)
-        return addr
-
-    def free(self, addr: int, stream: int = 0) -> None:
-        """``free_requested`` immediately followed by ``free_completed``."""
-        self.free_requested(addr, stream)
-        self.free_completed(addr, stream)
-
-    def free_requested(self, addr: int, stream: int = 0) -> None:
-        """A free whose block waits on record_stream events."""
-        self._add("free_requested", addr, 0, stream)
-
-    def free_completed(self, addr: int, stream: int = 0) -> None:
-        """The block re-enters the cache."""
-        self._add("free_completed", addr, 0, stream)
-        if self._reuse:
-            self._freed.append(addr)
-
-    def oom(self, rounded_size: int, device_free: int = 0, stream: int = 0) -> None:
-        """An ``oom`` entry (the size torch records is the rounded request)."""
-        self.entries.append({"action": "oom", "size": rounded_size, "device_free": device_free,
-                             "stream": stream, "time_us": len(self.entries)})
-
-    def segment(self, action: str, addr: int, size: int, stream: int = 0) -> None:
-        """A recorded ``segment_*`` entry (for fidelity tests)."""
-        self._add(action, addr, size, stream)
-
-    def build(self, device: int = 0) -> Trace:
-        """Decode the entries written so far."""
-        return decode_entries(self.entries, device=device)
-
-    def snapshot(self, allocator_settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """A minimal snapshot dict holding this trace."""
-        snap: dict[str, Any] = {"segments": [], "device_traces": [list(self.entries)]}
-        if allocator_settings is not None:
-            snap["allocator_settings"] = dict(allocator_settings)
-        return snap

@@ -29,15 +29,6 @@ from allocconf_widget.views.charts.style import (
 )
 
 
-def plotly_available() -> bool:
-    """Whether plotly can be imported here (it is optional)."""
-    try:
-        import plotly.graph_objects  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def _go() -> Any:
     try:
         import plotly.graph_objects as go

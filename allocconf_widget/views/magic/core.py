@@ -65,7 +65,7 @@ def run_panel(_args: argparse.Namespace, ctx: Any) -> Any:
 
 
 def run_show(_args: argparse.Namespace, ctx: Any) -> dict[str, Any]:
-    from allocconf_widget.adapters.readback import read_back
+    from allocconf_widget.adapters.effective_settings import read_back
 
     session = ctx.session
     state = session.state()
@@ -157,7 +157,7 @@ def _print_warnings(conf: Any) -> None:
 
 
 def run_apply(args: argparse.Namespace, ctx: Any) -> Any:
-    from allocconf_widget.adapters.readback import read_back
+    from allocconf_widget.adapters.effective_settings import read_back
 
     result = ctx.session.apply(save=not args.no_save)
     _print_warnings(result.requested)

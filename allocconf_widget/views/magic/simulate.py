@@ -62,19 +62,17 @@ def run_record(args: argparse.Namespace, ctx: Any) -> Any:
 
 
 def run_simulate(args: argparse.Namespace, ctx: Any) -> Any:
-    from allocconf_widget.app.simulate import trace_source, what_if
+    from allocconf_widget.app.simulate import SimulationRequest, simulate, trace_source
+    from allocconf_widget.views.text.simulate import render_simulation
 
     try:
-        report = what_if(trace_source(ctx.session, args.trace, args.demo), extra_confs=args.conf,
-                         fraction=args.fraction)
+        report = simulate(trace_source(ctx.session, args.trace, args.demo),
+                          SimulationRequest(confs=tuple(args.conf), rank=True, fraction=args.fraction))
     except SnapshotError as exc:
         raise RuntimeStateError(str(exc)) from None
-    result = report.recommendation
-    for line in report.headline():
-        print(line)
-    for cand in result.candidates:
-        print(f"  {cand.conf or '(torch defaults)'}: {cand.reason}")
-    for note in (*report.notes, *result.notes):
-        print(f"note: {note}")
-    ctx.session.extras["whatif"] = result
-    return result
+    print(render_simulation(report), end="")
+    for note in (report.version_note, *report.notes):
+        if note:
+            print(f"note: {note}")
+    ctx.session.extras["whatif"] = report
+    return report

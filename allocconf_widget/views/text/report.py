@@ -11,6 +11,7 @@ from allocconf_widget.app.report import MemoryReport
 from allocconf_widget.core.memory.metrics import DeviceMetrics, Metrics
 from allocconf_widget.core.memory.snapshot import Snapshot, allocator_settings, devices_in, has_trace
 from allocconf_widget.core.units import format_bytes
+from allocconf_widget.views.text.table import aligned_table
 
 
 def _pct(value: float) -> str:
@@ -38,14 +39,7 @@ _ROWS: tuple[tuple[str, Any], ...] = (
 def _table(columns: list[tuple[str, Metrics]]) -> list[str]:
     cells = [[label] + [fmt(m) for _name, m in columns] for label, fmt in _ROWS]
     header = ["", *(name for name, _m in columns)]
-    widths = [max(len(row[i]) for row in [header, *cells]) for i in range(len(header))]
-
-    def line(row: list[str]) -> str:
-        first = row[0].ljust(widths[0])
-        rest = "  ".join(cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True))
-        return f"  {first}  {rest}".rstrip()
-
-    return [line(header), *(line(row) for row in cells)]
+    return aligned_table([header, *cells], indent="  ")
 
 
 def _segment_lines(dm: DeviceMetrics) -> list[str]:

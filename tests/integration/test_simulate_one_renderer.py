@@ -1,0 +1,53 @@
+"""One simulation, one renderer: ``allocconf simulate --recommend`` and ``%allocconf simulate``
+print the same header, table and reasons for the same file, under the same torch rules."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("IPython")
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+TRACE = DATA / "cnn__expandable.pickle.gz"
+
+
+@pytest.fixture
+def ip():
+    from IPython import get_ipython
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython() or get_ipython()
+    shell.run_line_magic("load_ext", "allocconf_widget")
+    yield shell
+    shell.run_line_magic("unload_ext", "allocconf_widget")
+
+
+def _table(text: str) -> str:
+    """Everything the user reads except the notes and the source's name."""
+    lines = [line for line in text.splitlines() if not line.startswith("note: ")]
+    return "\n".join(line.split(" — ", 1)[-1] if line.startswith("trace: ") else line
+                     for line in lines)
+
+
+def test_cli_and_magic_print_the_same_simulation(ip, capsys):
+    cli = subprocess.run([sys.executable, "-m", "allocconf_widget", "simulate", str(TRACE), "--recommend",
+                          "--workers", "1"], capture_output=True, text=True, timeout=300, check=False)
+    assert cli.returncode == 0, cli.stderr
+    ip.run_line_magic("allocconf", f"simulate {TRACE}")
+    magic = capsys.readouterr().out
+    assert "why:" in magic and "peak reserved" in magic
+    assert _table(magic) == _table(cli.stdout)
+    # the torch release was inferred the same way, and both say so
+    assert "reproduce this trace best" in cli.stderr
+    assert "reproduce this trace best" in magic
+
+
+def test_magic_simulate_reports_bad_extra_settings_as_a_usage_error(ip):
+    from IPython.core.error import UsageError
+
+    with pytest.raises(UsageError, match="max_split_size_mb"):
+        ip.run_line_magic("allocconf", f"simulate {TRACE} --conf max_split_size_mb:1")
