@@ -31,7 +31,7 @@ from typing import Any
 from allocconf_widget.adapters import persist
 from allocconf_widget.adapters.apply import ApplyResult, apply, current_conf, preview
 from allocconf_widget.adapters.runtime_state import Phase, RuntimeState, detect_state
-from allocconf_widget.core.config.conf import AllocConf, check_option_name, parse_conf
+from allocconf_widget.core.config.conf import AllocConf, parse_conf
 from allocconf_widget.core.config.plan import OptionPlan
 
 Listener = Callable[[], None]
@@ -169,10 +169,7 @@ class Session:
         name is an error with a suggestion even when unsetting.
         """
         with self.lock:
-            conf = self.staged() if base is None else base
-            for name, value in options.items():
-                canonical = check_option_name(name, conf.torch_version)
-                conf = conf.without(canonical) if value is None else conf.with_value(canonical, value)
+            conf = (self.staged() if base is None else base).with_changes(options)
         return self.stage(conf)
 
     def discard(self) -> None:

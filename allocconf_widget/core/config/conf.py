@@ -120,20 +120,29 @@ class AllocConf:
         return _reparse(merged, self.torch_version)
 
     def with_value(self, name: str, value: Any) -> AllocConf:
-        """A copy with one option set (``value`` may be text or a typed value); validated.
+        """A copy with one option set (``value`` may be text or a typed value); validated."""
+        return self.with_changes({name: value})
 
-        A text value is checked on its own first: a ``,`` or ``:`` outside brackets
-        would otherwise splice further options into the rebuilt string.
+    def with_changes(self, changes: Mapping[str, Any]) -> AllocConf:
+        """A copy with several options set (text or typed values) or unset (``None``), validated once.
+
+        Each name is checked (with "did you mean") and each text value on its own first:
+        a ``,`` or ``:`` outside brackets would otherwise splice further options into the
+        rebuilt string. The result is parsed once, however many options change.
         """
-        canonical = check_option_name(name, self.torch_version)
-        if isinstance(value, str):
-            _check_single_value(canonical, value, self.torch_version)
         merged = dict(self.entries)
-        merged[canonical] = value
+        for name, value in changes.items():
+            canonical = check_option_name(name, self.torch_version)
+            if value is None:
+                merged.pop(canonical, None)
+                continue
+            if isinstance(value, str):
+                _check_single_value(canonical, value, self.torch_version)
+            merged[canonical] = value
         try:
             return _reparse(merged, self.torch_version)
         except AllocConfError as exc:
-            if exc.option != canonical or exc.position is None:
+            if exc.option not in changes or exc.position is None:
                 raise
             # the position is in the rebuilt string, which the user never saw: drop it
             raise AllocConfError(exc.reason, option=exc.option, fix=exc.fix) from None
@@ -252,9 +261,30 @@ def _reparse(values: Mapping[str, Any], version: TorchVersion) -> AllocConf:
     return _parse(text, version)
 
 
+#: Parsed configurations by (text, release): an AllocConf is immutable, so the environment's
+#: variable, read again by every view of one action, is parsed once while it stays the same.
+_PARSED: dict[tuple[str, tuple[int, int], str], AllocConf] = {}
+_PARSED_MAX = 64
+_MAX_CACHED_TEXT = 4096
+
+
 def _parse(text: str, version: TorchVersion) -> AllocConf:
     if not isinstance(text, str):
         raise AllocConfError(f"expected a configuration string, got {type(text).__name__}")
+    key = (text, version.key, version.build)
+    cached = _PARSED.get(key)
+    if cached is not None:
+        return cached
+    conf = _parse_text(text, version)
+    if len(text) <= _MAX_CACHED_TEXT:
+        if len(_PARSED) >= _PARSED_MAX:
+            _PARSED.pop(next(iter(_PARSED)))
+        _PARSED[key] = conf
+    return conf
+
+
+def _parse_text(text: str, version: TorchVersion) -> AllocConf:
+    """The parser proper (torch's grammar and bounds for ``version``); see :func:`parse_conf`."""
     raw = _split_items(tokenize(text, version), text)
     large_segment = _large_segment_mb(raw, version)
     values: dict[str, Value] = {}
