@@ -21,6 +21,7 @@ __all__ = [
     "__version__",
     "load_ipython_extension",
     "parse_conf",
+    "rank_reporter",
     "unload_ipython_extension",
 ]
 
@@ -47,3 +48,18 @@ def unload_ipython_extension(ipython: Any) -> None:
     from allocconf_widget.views.magic.extension import unload_extension
 
     unload_extension(ipython)
+
+
+def rank_reporter(rank: int | None = None, *, interval: float = 0.5,
+                  devices: list[int] | None = None) -> Any:
+    """Report this process's allocator to the notebook that launched it (call it in each rank).
+
+    Does nothing and returns None unless the notebook opened its rank channel
+    (``%allocconf ranks open``) before launching this process; otherwise starts a
+    daemon thread writing this rank's figures every ``interval`` seconds and
+    returns it. It never initialises CUDA: until the rank uses the GPU it reports
+    "waiting". ``rank`` defaults to ``RANK`` / ``LOCAL_RANK`` from the launcher.
+    """
+    from allocconf_widget.adapters.rank_channel import start_reporter
+
+    return start_reporter(rank=rank, interval=interval, devices=devices)

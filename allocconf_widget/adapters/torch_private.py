@@ -172,6 +172,16 @@ def device_count(torch: ModuleType) -> int:
         return 0
 
 
+def current_device(torch: ModuleType) -> int:
+    """The process's current CUDA device, once CUDA is initialised (0 before: nothing is touched)."""
+    if not cuda_initialized(torch):
+        return 0
+    try:
+        return int(torch.cuda.current_device())
+    except (RuntimeError, AssertionError):
+        return 0
+
+
 def memory_stats(torch: ModuleType, device: int) -> dict[str, Any] | None:
     """Flat ``memory_stats(device)`` once CUDA is initialised (0.2-0.3 ms); None before.
 
