@@ -182,6 +182,7 @@ class RankReporter:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._oom_listening = False
+        self._atexit = False
 
     # -- lifecycle
     def start(self) -> RankReporter:
@@ -193,7 +194,9 @@ class RankReporter:
             self._thread = threading.Thread(target=self._run, name=f"allocconf-rank-{self.rank}",
                                             daemon=True)
             self._thread.start()
-        atexit.register(self.close)
+            if not self._atexit:
+                atexit.register(self.close)
+                self._atexit = True
         return self
 
     def close(self) -> None:
@@ -205,6 +208,12 @@ class RankReporter:
         self._write(status_override="finished")
         if self._oom_listening:
             torch_private.remove_oom_listener(self._on_oom)
+
+    def __enter__(self) -> RankReporter:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
     @property
     def running(self) -> bool:
