@@ -88,7 +88,10 @@ def record(max_entries: int = DEFAULT_MAX_ENTRIES, device: int = 0) -> Iterator[
             recording.peak_reserved = int(torch.cuda.memory_stats(device).get(
                 "reserved_bytes.all.peak", 0))
         finally:
-            torch_private.record_history(torch, max_entries=None)
+            # the flight recorder shares torch's ring buffer: it resumes, or history stops
+            from allocconf_widget.adapters.flight_history import flight_history
+
+            flight_history().after_recording(torch)
         if recording.events >= max_entries:
             recording.notes.append(
                 f"the trace filled its {max_entries:,}-event buffer: older events were dropped, "

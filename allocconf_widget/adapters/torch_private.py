@@ -317,3 +317,101 @@ def remove_oom_listener(listener: Any) -> None:
     """Stop calling ``listener`` (the trampoline itself stays: torch cannot detach it)."""
     while listener in _oom_listeners:
         _oom_listeners.remove(listener)
+
+
+# ----------------------------------------------------------------- flight recorder
+# Added for the OOM flight recorder (adapters/flight_history.py). Same rules: never
+# import torch, never initialise CUDA.
+
+
+def start_history(torch: ModuleType, *, max_entries: int, python_stacks: bool) -> None:
+    """Keep torch's allocation-history ring buffer (``_record_memory_history``), bounded.
+
+    Trace only (``context=None``) records action, address, size, stream and time per
+    entry; with ``python_stacks`` the allocation's Python frames are kept too
+    (``context="alloc"``, which also tags live blocks; ``stacks="python"``: no C++
+    unwinding, the expensive part). Raises ``RuntimeError`` where the backend keeps
+    no history (``cudaMallocAsync``).
+    """
+    torch.cuda.memory._record_memory_history(
+        enabled="all", context="alloc" if python_stacks else None, stacks="python",
+        max_entries=max_entries)
+
+
+def stop_history(torch: ModuleType) -> None:
+    """Stop recording and drop the ring buffer (what ``enabled=None`` does)."""
+    torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def call_at_cuda_init(torch: ModuleType, callback: Any) -> bool:
+    """Run ``callback()`` right after torch initialises CUDA, before the first allocation.
+
+    torch queues such calls itself (``torch.cuda._lazy_call``, how ``manual_seed``
+    reaches devices that do not exist yet); when CUDA is already up it runs now.
+    An exception from a queued call would break the user's CUDA initialisation, so
+    the callback must not raise. False when this torch has no such queue.
+    """
+    lazy_call = getattr(torch.cuda, "_lazy_call", None)
+    if lazy_call is None:
+        return False
+    lazy_call(callback)
+    return True
+
+
+def attach_oom_listener_during_init(torch: ModuleType, listener: Any) -> bool:
+    """:func:`add_oom_listener` from a :func:`call_at_cuda_init` callback.
+
+    Inside torch's initialisation ``is_initialized()`` is still False although the
+    driver is up (``_cuda_init`` ran), so the check of :func:`add_oom_listener` is
+    skipped here; attaching then initialises nothing that is not initialised.
+    """
+    attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+    if attach is None:
+        return False
+    if not _oom_state["attached"]:
+        attach(_oom_trampoline)
+        _oom_state["attached"] = True
+    if listener not in _oom_listeners:
+        _oom_listeners.append(listener)
+    return True
+
+
+def snapshot_at_oom(torch: ModuleType) -> dict[str, Any]:
+    """``torch.cuda.memory._snapshot()`` from inside torch's OOM observer.
+
+    torch calls observers after it wrote the ``oom`` trace entry and released the
+    allocator lock, before it raises: the snapshot holds the segments as they were
+    and the history that led there. It is built in host memory, so it cannot cause
+    a second GPU out-of-memory error.
+    """
+    return dict(torch.cuda.memory._snapshot())
+
+
+def memory_fraction(torch: ModuleType, device: int) -> float | None:
+    """``torch.cuda.get_per_process_memory_fraction`` (2.8+) once CUDA is up; None otherwise."""
+    getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if getter is None or not cuda_initialized(torch):
+        return None
+    try:
+        return float(getter(device))
+    except (RuntimeError, AssertionError, ValueError, TypeError):
+        return None
+
+
+def memory_viz_html(torch: ModuleType, snapshot: Any, kind: str) -> str:
+    """PyTorch's own viewer page (``torch.cuda._memory_viz``) for ``snapshot``.
+
+    ``kind`` is ``"trace"`` (``trace_plot``: the allocation timeline) or ``"segments"``
+    (``segment_plot``). The page embeds the snapshot and loads its script
+    (MemoryViz.js) from cdn.jsdelivr.net, so it needs the internet to draw.
+    """
+    viz = getattr(torch.cuda, "_memory_viz", None)
+    if viz is None:  # a submodule torch does not import by itself; torch is already here
+        import importlib
+
+        viz = importlib.import_module("torch.cuda._memory_viz")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        if kind == "segments":
+            return str(viz.segment_plot(snapshot))
+        return str(viz.trace_plot(snapshot))

@@ -20,7 +20,7 @@ from typing import Any
 from allocconf_widget._errors import AllocConfError, RuntimeStateError, SnapshotError
 from allocconf_widget.views.magic import core as magic_core
 
-_PLUGIN_MODULES = ("monitor", "simulate", "ranks")
+_PLUGIN_MODULES = ("monitor", "simulate", "ranks", "flight")
 
 
 @dataclass

@@ -23,6 +23,7 @@ In terminal IPython the same report is printed as text.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
@@ -250,6 +251,8 @@ class OomAssistant:
         self._observed: ObservedOom | None = None
         self._observer_on = False
         self._lock = threading.Lock()
+        self._cell_started: float | None = None
+        self.last_flight: Any = None
 
     def install(self) -> None:
         self.shell.events.register("pre_run_cell", self.pre_run_cell)
@@ -282,6 +285,7 @@ class OomAssistant:
     def pre_run_cell(self, _info: Any = None) -> None:
         with self._lock:
             self._observed = None
+            self._cell_started = time.time()
         self.attach_observer()
 
     def post_run_cell(self, result: Any = None) -> None:
@@ -297,6 +301,8 @@ class OomAssistant:
         from allocconf_widget.adapters.frontend import Frontend, detect_frontend
 
         self.reports.append(report)
+        if self._show_flight(report):
+            return
         if detect_frontend() in (Frontend.TERMINAL, Frontend.PLAIN):
             print(report_text(report))
             return
@@ -304,6 +310,23 @@ class OomAssistant:
 
         self.last_panel = OomPanel(report)
         display(self.last_panel.widget)
+
+
+    def _show_flight(self, report: OomReport) -> bool:
+        """With the flight recorder's capture of this cell, show the full OOM view instead."""
+        from allocconf_widget.adapters.flight_history import flight_history
+        from allocconf_widget.app.session import get_session
+        from allocconf_widget.views.widgets.flight import flight_capture_for_cell, show_flight_oom
+
+        capture = flight_capture_for_cell(self._cell_started)
+        if capture is None:
+            return False
+        capture = dataclasses.replace(capture, message=report.message)
+        flight_history().set_capture(capture)
+        self.last_flight = show_flight_oom(capture, session=get_session(self.shell),
+                                           report_text=report_text(report),
+                                           report_html=report_html(report))
+        return True
 
 
 def is_cuda_oom(error: BaseException) -> bool:

@@ -23,6 +23,7 @@ from allocconf_widget._errors import AllocConfError
 from allocconf_widget.app.panel_draft import PanelModel
 from allocconf_widget.app.session import Session
 from allocconf_widget.views.widgets.controls import OptionRow
+from allocconf_widget.views.widgets.flight_toggle import FlightToggle
 
 _TAB_TITLES = ("Settings", "Monitor", "What if?")
 
@@ -67,6 +68,7 @@ class Panel:
             W.HBox([self.apply_button, self.restart_button, self.snippet_button]),
             self.snippet_area,
             self.result,
+            FlightToggle().widget,
             groups,
         ])
         self.tabs = W.Tab(children=[settings, W.VBox(), W.VBox()])

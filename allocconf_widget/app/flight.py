@@ -1,0 +1,358 @@
+"""The OOM flight recorder's use cases: turn it on, analyse an OOM, apply the verdict, export.
+
+``%allocconf flight …``, the panel's toggle and the OOM view call these; they
+only parse input and render the typed results below.
+
+The analysis of one OOM (:func:`analyse`) has three parts:
+
+* who held the memory: live bytes by allocation site (:mod:`~allocconf_widget.core.memory.sites`);
+* the snapshot itself, for the segment map the views draw;
+* the **verdict**: the recorded window replayed under the candidate settings
+  (:func:`allocconf_widget.app.simulate.what_if`), split into settings that would
+  have avoided this OOM (ranked by peak) and settings that would not, with the
+  replay's self-check saying how sure it is. When none avoids it, the verdict says
+  so with the number that explains why: the bytes allocated, not cached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from allocconf_widget.adapters.flight_history import (
+    FlightSettings,
+    FlightStatus,
+    OomCapture,
+    flight_history,
+)
+from allocconf_widget.core.memory.sites import SiteReport, top_sites
+from allocconf_widget.core.units import format_bytes
+
+DEMO_NAME = "flight_oom_h200"
+CDN_NOTE = ("PyTorch's viewer page loads its script (MemoryViz.js) from cdn.jsdelivr.net, so it "
+            "needs the internet; offline, the segment map here shows the same segments")
+#: How far a simulated peak may sit under the limit and still be called safe.
+SURE_MARGIN = 0.0
+
+
+# ----------------------------------------------------------------- on / off / status
+
+
+def turn_on(*, max_entries: int | None = None, python_stacks: bool = False) -> FlightStatus:
+    """Keep the allocation history from now (or from CUDA's start, when it is not up yet)."""
+    settings = FlightSettings(**({"max_entries": max_entries} if max_entries else {}),
+                              python_stacks=python_stacks)
+    return flight_history().turn_on(settings)
+
+
+def turn_off() -> FlightStatus:
+    return flight_history().turn_off()
+
+
+def status() -> FlightStatus:
+    return flight_history().status()
+
+
+def memory_bound(settings: FlightSettings) -> str:
+    """The host-memory bound of the ring buffer, from the per-entry sizes in docs/flight.md."""
+    per_entry = BYTES_PER_ENTRY_STACKS if settings.python_stacks else BYTES_PER_ENTRY
+    return (f"at most {settings.max_entries:,} entries × ~{per_entry} B ≈ "
+            f"{format_bytes(settings.max_entries * per_entry)} of host memory while recording")
+
+
+#: Host bytes per ring-buffer entry, measured on the H200 (benchmarks/gpu/bench_flight_overhead.py).
+BYTES_PER_ENTRY = 160
+BYTES_PER_ENTRY_STACKS = 400
+
+
+# ----------------------------------------------------------------- the verdict
+
+
+@dataclass(frozen=True)
+class VerdictOption:
+    """One candidate setting replayed over the recorded window."""
+
+    conf: str
+    avoids_oom: bool
+    peak_reserved: int
+    reason: str
+
+    @property
+    def shown_conf(self) -> str:
+        return self.conf or "torch's defaults"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Which settings would have avoided this OOM, ranked, and how sure the replay is."""
+
+    limit: int | None
+    allocated_at_oom: int
+    winners: tuple[VerdictOption, ...]
+    losers: tuple[VerdictOption, ...]
+    current_reproduced: bool
+    sure: bool
+    sureness: str
+    events: int
+    notes: tuple[str, ...] = ()
+
+    @property
+    def winner(self) -> VerdictOption | None:
+        return self.winners[0] if self.winners else None
+
+    @property
+    def headline(self) -> str:
+        if self.winner is None:
+            return (f"no setting avoids this: {format_bytes(self.allocated_at_oom)} is "
+                    "allocated, not cached")
+        return self.option_line(self.winner)
+
+    def option_line(self, option: VerdictOption) -> str:
+        limit = f" of a {format_bytes(self.limit)} limit" if self.limit else ""
+        if option.avoids_oom:
+            return (f"under {option.shown_conf} the peak would have been "
+                    f"{format_bytes(option.peak_reserved)}{limit}: no OOM")
+        return f"under {option.shown_conf}: still out of memory ({option.reason})"
+
+    def lines(self) -> list[str]:
+        out = [f"Verdict: {self.headline}"]
+        out += [f"  {i}. {self.option_line(o)}" for i, o in enumerate(self.winners, 1)]
+        out.append(f"How sure: {self.sureness}")
+        out += [f"note: {n}" for n in self.notes]
+        return out
+
+
+def _limit(capture: OomCapture) -> int | None:
+    if capture.fraction is not None and capture.device_total:
+        return int(capture.fraction * capture.device_total)
+    if capture.device_total is not None:
+        return capture.device_total - capture.non_pytorch_bytes
+    return capture.limit
+
+
+def _release(version: str | None) -> tuple[int, int] | None:
+    from allocconf_widget.core.sim.settings import NEWEST_SUPPORTED, parse_torch_version
+
+    if not version:
+        return None
+    try:
+        release = parse_torch_version(version)
+    except ValueError:
+        return None
+    return release if release <= NEWEST_SUPPORTED else None
+
+
+def verdict(capture: OomCapture) -> Verdict:
+    """Replay the captured window under the candidate grid; split it into helps / does not.
+
+    Raises:
+        SnapshotError: the snapshot holds no usable trace.
+    """
+    from allocconf_widget.app.simulate import TraceSource, what_if
+
+    source = TraceSource(capture.snapshot, "the flight recorder's window",
+                         _release(capture.torch_version), capture.device_total,
+                         capture.non_pytorch_bytes)
+    report = what_if(source, fraction=capture.fraction)
+    rec = report.recommendation
+    current = rec.current
+    reproduced = current.result.oom is not None
+    winners: list[VerdictOption] = []
+    losers: list[VerdictOption] = []
+    for cand in rec.candidates:
+        if cand.is_current:
+            continue
+        option = VerdictOption(cand.conf, cand.result.oom is None, cand.result.peak_reserved_bytes,
+                               cand.reason)
+        (winners if option.avoids_oom and reproduced else losers).append(option)
+    winners.sort(key=lambda o: (o.peak_reserved, len(o.conf)))
+    fidelity = rec.fidelity
+    stats = capture.stats or {}
+    allocated = int(stats.get("allocated_bytes.all.current", 0) or 0)
+    if not allocated and current.result.oom is not None:
+        allocated = current.result.oom.allocated_bytes
+    exact = fidelity is not None and fidelity.checked and fidelity.exact
+    if not reproduced:
+        sureness = ("not sure: the replay of your own settings did not run out of memory, so the "
+                    "model misses something here (no setting is promised)")
+    elif exact and fidelity is not None:
+        sureness = (f"sure: the replay of your settings reproduced the OOM and "
+                    f"{fidelity.summary()}")
+    elif fidelity is not None and fidelity.checked:
+        sureness = f"approximate: the replay reproduced the OOM, but {fidelity.summary()}"
+    else:
+        sureness = ("unchecked: the replay reproduced the OOM, but the window holds no segment "
+                    "events to check the model against")
+    notes = [*report.notes, *rec.notes,
+             f"peaks cover the recorded window ({report.num_events:,} events, up to the request "
+             "that failed); what the run needs after it was never seen"]
+    return Verdict(_limit(capture), allocated, tuple(winners), tuple(losers), reproduced,
+                   exact and reproduced, sureness, report.num_events, tuple(notes))
+
+
+# ----------------------------------------------------------------- the analysis
+
+
+@dataclass(frozen=True)
+class FlightAnalysis:
+    """Everything the OOM view shows beside torch's message."""
+
+    capture: OomCapture
+    sites: SiteReport
+    verdict: Verdict | None = None
+    verdict_error: str | None = None
+    label: str = ""
+
+    @property
+    def snapshot(self) -> dict[str, Any]:
+        return self.capture.snapshot
+
+    def capture_line(self) -> str:
+        c = self.capture
+        text = (f"Flight recorder: {c.events:,} allocator events captured {c.when}"
+                f" ({c.settings.describe()}; snapshot took {c.seconds * 1e3:.0f} ms)")
+        return f"{self.label}: {text}" if self.label else text
+
+
+def analyse(capture: OomCapture, *, with_verdict: bool = True, label: str = "") -> FlightAnalysis:
+    """Sites now; the verdict too unless the caller computes it later (it replays the window)."""
+    sites = top_sites(capture.snapshot, device=capture.device)
+    analysis = FlightAnalysis(capture, sites, label=label)
+    return with_verdict_of(analysis) if with_verdict else analysis
+
+
+def with_verdict_of(analysis: FlightAnalysis) -> FlightAnalysis:
+    """The analysis with its verdict computed (errors become a line, never an exception)."""
+    from dataclasses import replace
+
+    from allocconf_widget._errors import AllocConfError, SnapshotError
+
+    try:
+        return replace(analysis, verdict=verdict(analysis.capture), verdict_error=None)
+    except (SnapshotError, AllocConfError, ValueError) as exc:
+        return replace(analysis, verdict_error=f"no verdict: {exc}")
+
+
+# ----------------------------------------------------------------- applying the winner
+
+
+@dataclass(frozen=True)
+class ApplyOutcome:
+    """What applying a verdict's setting did and what to re-run."""
+
+    conf: str
+    applied: bool
+    restart_needed: bool
+    lines: tuple[str, ...]
+
+
+def apply_setting(session: Any, conf: str) -> ApplyOutcome:
+    """Stage ``conf`` and apply it through the Session (the right way for this runtime)."""
+    try:
+        session.stage_text(conf, eager=False)
+        result = session.apply()
+    except Exception as exc:  # invalid for this torch, or torch refusing it: say so
+        return ApplyOutcome(conf, False, False, (f"not applied: {exc}",))
+    lines = list(result.summary().splitlines())
+    if session.last_save is not None:
+        lines.append(session.last_save.message())
+    if result.restart_needed:
+        lines.append("Next: restart the kernel (%allocconf restart, or the panel's Restart) and "
+                     "re-run the notebook from the top; the setting is saved and re-applied by "
+                     "%load_ext allocconf_widget.")
+    else:
+        lines.append("Next: re-run the cell that ran out of memory. Segments cached under the old "
+                     "setting stay until freed: del the failed step's tensors and call "
+                     "torch.cuda.empty_cache() first, or restart and re-run from the top for a "
+                     "clean start.")
+    return ApplyOutcome(conf, True, result.restart_needed, tuple(lines))
+
+
+# ----------------------------------------------------------------- PyTorch's viewer
+
+
+@dataclass(frozen=True)
+class ViewerFiles:
+    """The snapshot pickle (pytorch.org/memory_viz opens it) and, if torch is here, its page."""
+
+    pickle: Path
+    html: Path | None
+    lines: tuple[str, ...]
+
+
+def export_for_viewer(capture: OomCapture, directory: str | os.PathLike[str] | None = None,
+                      *, html_kind: str = "trace") -> ViewerFiles:
+    """Write ``allocconf-oom-<time>.pickle`` and PyTorch's ``trace_plot`` page beside it."""
+    from allocconf_widget.adapters import torch_private
+    from allocconf_widget.app.exports import default_name, write_snapshot
+
+    folder = Path(directory) if directory is not None else Path.cwd()
+    snapshot: Any = capture.snapshot  # torch's plain dict, the shape Snapshot describes
+    pickle_path = write_snapshot(snapshot, folder / default_name("oom", ".pickle"))
+    lines = [f"snapshot saved: {pickle_path} (drag it onto pytorch.org/memory_viz)"]
+    torch = torch_private.imported_torch()
+    html_path: Path | None = None
+    if torch is None:
+        lines.append("PyTorch's viewer page needs torch imported in this kernel; the pickle "
+                     "opens at pytorch.org/memory_viz")
+    else:
+        try:
+            page = torch_private.memory_viz_html(torch, capture.snapshot, html_kind)
+        except Exception as exc:  # an older torch without the viewer: the pickle still works
+            lines.append(f"PyTorch's viewer page could not be made here ({exc})")
+        else:
+            html_path = pickle_path.with_suffix(".html")
+            html_path.write_text(page, encoding="utf-8")
+            lines.append(f"PyTorch's viewer: {html_path} ({CDN_NOTE})")
+    return ViewerFiles(pickle_path, html_path, tuple(lines))
+
+
+# ----------------------------------------------------------------- the recorded demo
+
+
+@dataclass(frozen=True)
+class DemoOom:
+    """A real OOM recorded on an H200 with the flight recorder on, for CPU-only machines."""
+
+    capture: OomCapture
+    message: str
+    description: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def capture_from_meta(meta: dict[str, Any], snapshot: dict[str, Any]) -> OomCapture:
+    """Rebuild a capture from a JSON sidecar (``benchmarks/gpu/flight_oom.py`` writes it)."""
+
+    def opt_int(key: str) -> int | None:
+        value = meta.get(key)
+        return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+    fraction = meta.get("fraction")
+    stats = meta.get("stats")
+    return OomCapture(
+        snapshot=snapshot, device=opt_int("device") or 0, requested=opt_int("requested"),
+        limit=opt_int("limit"), device_free=opt_int("device_free"),
+        device_total=opt_int("device_total"),
+        fraction=float(fraction) if isinstance(fraction, int | float) else None,
+        stats=dict(stats) if isinstance(stats, dict) else None,
+        settings=FlightSettings(int(meta.get("max_entries") or 100_000),
+                                bool(meta.get("python_stacks"))),
+        torch_version=str(meta["torch"]) if meta.get("torch") else None,
+        when=str(meta.get("when") or "at the OOM"), seconds=float(meta.get("snapshot_s") or 0.0),
+        at=float(meta.get("at") or 0.0), message=str(meta.get("oom") or ""))
+
+
+def load_demo_oom() -> DemoOom:
+    """The bundled recording ``allocconf_widget/data/flight_oom_h200.{json,pickle.gz}``."""
+    from allocconf_widget.core.memory.snapshot import load_snapshot
+
+    data = resources.files("allocconf_widget").joinpath("data")
+    meta = json.loads(data.joinpath(f"{DEMO_NAME}.json").read_text(encoding="utf-8"))
+    snapshot = load_snapshot(data.joinpath(f"{DEMO_NAME}.pickle.gz").read_bytes())
+    capture = capture_from_meta(meta, dict(snapshot))
+    return DemoOom(capture, str(meta.get("oom") or ""), str(meta.get("description") or DEMO_NAME),
+                   meta)

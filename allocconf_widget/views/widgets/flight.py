@@ -1,0 +1,220 @@
+"""The OOM view with the flight recorder's history: who held the memory, and what would have helped.
+
+Shown under a cell that died of a CUDA OOM while the flight recorder was on
+(:mod:`allocconf_widget.views.widgets.oom` hands over), or by
+``%allocconf flight show`` / ``demo``. From top to bottom:
+
+* the breakdown the OOM assistant already shows (its HTML is passed in);
+* the top allocation sites by live bytes at the OOM;
+* the segment map at the OOM (inline SVG: it works in every front end);
+* the verdict: settings that would have avoided the OOM, ranked, with how sure
+  the replay is, and one **Apply** button for the winner (through the Session);
+* "Open in PyTorch's viewer" and "Download snapshot" buttons.
+
+The verdict replays the window, which can take seconds: in a notebook it is
+computed on a thread and fills in when ready; :meth:`FlightOomView.compute_verdict`
+does it synchronously (the terminal and the tests).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from html import escape
+from typing import Any
+
+from allocconf_widget.adapters.flight_history import OomCapture, flight_history
+from allocconf_widget.app.flight import (
+    CDN_NOTE,
+    ApplyOutcome,
+    FlightAnalysis,
+    ViewerFiles,
+    analyse,
+    apply_setting,
+    export_for_viewer,
+    with_verdict_of,
+)
+from allocconf_widget.core.units import format_bytes
+from allocconf_widget.views.charts.segment_map import build_segment_map
+from allocconf_widget.views.charts.segment_map_svg import segment_map_svg
+from allocconf_widget.views.text.flight import analysis_lines
+
+_GOOD, _BAD, _MUTED = "#2ca02c", "#d62728", "#666"
+
+
+def sites_html(analysis: FlightAnalysis) -> str:
+    report = analysis.sites
+    rows = "".join(
+        f"<tr><td style='text-align:right'>{format_bytes(s.live_bytes)}</td>"
+        f"<td style='text-align:right'>{s.live_bytes / report.live_bytes:.0%}</td>"
+        f"<td style='text-align:right'>{s.blocks:,}</td><td><code>{escape(s.label)}</code></td></tr>"
+        for s in report.sites) if report.live_bytes else ""
+    if report.rest_sites:
+        rows += (f"<tr><td style='text-align:right'>{format_bytes(report.rest_bytes)}</td><td></td>"
+                 f"<td></td><td>{report.rest_sites} more sites</td></tr>")
+    return (f"<div><b>Who held the memory</b> — live bytes at the OOM by {escape(report.by)}:</div>"
+            "<table class='allocconf-flight-sites' style='font-size:12px'>"
+            "<tr><th>live</th><th>share</th><th>blocks</th><th>site</th></tr>"
+            f"{rows}</table>")
+
+
+def verdict_html(analysis: FlightAnalysis) -> str:
+    verdict = analysis.verdict
+    if verdict is None:
+        if analysis.verdict_error:
+            return f"<div style='color:{_MUTED}'>{escape(analysis.verdict_error)}</div>"
+        return ("<div style='color:#666'><i>Verdict: replaying the recorded window under the "
+                "candidate settings…</i></div>")
+    color = _GOOD if verdict.winner is not None else _BAD
+    parts = [f"<div style='font-weight:600;color:{color}'>Verdict: {escape(verdict.headline)}</div>"]
+    if verdict.winners:
+        items = "".join(f"<li>{escape(verdict.option_line(o))}</li>" for o in verdict.winners[:6])
+        parts.append(f"<ol style='margin:2px 0'>{items}</ol>")
+    parts.append(f"<div style='font-size:12px'>How sure: {escape(verdict.sureness)}</div>")
+    notes = "".join(f"<li>{escape(n)}</li>" for n in verdict.notes)
+    parts.append(f"<ul style='font-size:11px;color:{_MUTED};margin:2px 0'>{notes}</ul>")
+    return f"<div class='allocconf-flight-verdict-body'>{''.join(parts)}</div>"
+
+
+class FlightOomView:
+    """The widgets; ``view.widget`` is what gets displayed."""
+
+    def __init__(self, analysis: FlightAnalysis, *, session: Any, report_html: str = "",
+                 background: bool = False) -> None:
+        import ipywidgets as W
+
+        self.session = session
+        self.analysis = analysis
+        self.applied: ApplyOutcome | None = None
+        self.files: ViewerFiles | None = None
+        self._lock = threading.Lock()
+        smap = build_segment_map(analysis.snapshot, device=analysis.capture.device)
+        self.caption = smap.caption
+        self.header = W.HTML(f"<div style='color:{_MUTED};font-size:12px'>"
+                             f"{escape(analysis.capture_line())}</div>")
+        self.breakdown = W.HTML(report_html)
+        self.sites = W.HTML(sites_html(analysis))
+        self.sites.add_class("allocconf-flight-sites")
+        self.segments = W.HTML(f"<div><b>Segments at the OOM</b> — {escape(smap.caption)}</div>"
+                               + segment_map_svg(smap))
+        self.segments.add_class("allocconf-flight-map")
+        self.verdict = W.HTML(verdict_html(analysis))
+        self.verdict.add_class("allocconf-flight-verdict")
+        self.apply_button = W.Button(description="Apply", button_style="success", icon="check",
+                                     disabled=True, layout=W.Layout(display="none"))
+        self.apply_button.add_class("allocconf-flight-apply")
+        self.apply_button.on_click(lambda _b: self.apply_winner())
+        self.result = W.HTML()
+        self.result.add_class("allocconf-flight-result")
+        self.viewer_button = W.Button(description="Open in PyTorch's viewer", icon="external-link",
+                                      tooltip=CDN_NOTE, layout=W.Layout(width="auto"))
+        self.viewer_button.add_class("allocconf-flight-viewer")
+        self.viewer_button.on_click(lambda _b: self.open_viewer())
+        self.download_button = W.Button(description="Download snapshot (.pickle)", icon="download",
+                                        layout=W.Layout(width="auto"))
+        self.download_button.add_class("allocconf-flight-download")
+        self.download_button.on_click(lambda _b: self.open_viewer(html=False))
+        self.viewer_status = W.HTML()
+        self.viewer_status.add_class("allocconf-flight-viewer-status")
+        self.links = W.Output()
+        self.widget = W.VBox([
+            self.header, self.breakdown, self.sites, self.segments, self.verdict,
+            W.HBox([self.apply_button, self.result]),
+            W.HBox([self.viewer_button, self.download_button]), self.viewer_status, self.links,
+        ])
+        self.widget.add_class("allocconf-flight")
+        if analysis.verdict is not None or analysis.verdict_error:
+            self._show_verdict()
+        elif background:
+            threading.Thread(target=self.compute_verdict, name="allocconf-flight-verdict",
+                             daemon=True).start()
+        else:
+            self.compute_verdict()
+
+    # ------------------------------------------------------------- actions
+    def compute_verdict(self) -> FlightAnalysis:
+        """Replay the window (seconds, not minutes) and show the verdict."""
+        with self._lock:
+            if self.analysis.verdict is None and not self.analysis.verdict_error:
+                self.analysis = with_verdict_of(self.analysis)
+            self._show_verdict()
+        return self.analysis
+
+    def _show_verdict(self) -> None:
+        self.verdict.value = verdict_html(self.analysis)
+        winner = self.analysis.verdict.winner if self.analysis.verdict is not None else None
+        if winner is not None:
+            self.apply_button.description = f"Apply {winner.shown_conf}"[:60]
+            self.apply_button.tooltip = f"apply {winner.shown_conf} through the session"
+            self.apply_button.layout.display = "inline-flex"
+            self.apply_button.layout.width = "auto"
+            self.apply_button.disabled = False
+
+    def apply_winner(self) -> ApplyOutcome | None:
+        """Apply the verdict's winner the right way for this runtime; say what to re-run."""
+        verdict = self.analysis.verdict
+        if verdict is None or verdict.winner is None:
+            return None
+        outcome = apply_setting(self.session, verdict.winner.conf)
+        self.applied = outcome
+        color = _GOOD if outcome.applied else _BAD
+        head = (f"Applied {escape(verdict.winner.shown_conf)}." if outcome.applied
+                else "Not applied.")
+        body = "<br>".join(escape(line) for line in outcome.lines)
+        self.result.value = f"<div style='color:{color}'><b>{head}</b></div><div>{body}</div>"
+        return outcome
+
+    def open_viewer(self, *, html: bool = True) -> ViewerFiles | None:
+        """Write the pickle (and PyTorch's page); link them below the buttons."""
+        try:
+            files = export_for_viewer(self.analysis.capture)
+        except OSError as exc:
+            self.viewer_status.value = (f"<span style='color:{_BAD}'>could not write: "
+                                        f"{escape(str(exc))}</span>")
+            return None
+        self.files = files
+        lines = [line for line in files.lines if html or "viewer" not in line]
+        if html and files.html is not None:
+            lines.append("open the .html link below in a new tab; offline, use the segment map above")
+        self.viewer_status.value = "<br>".join(escape(line) for line in lines)
+        self._links(files, html=html)
+        return files
+
+    def _links(self, files: ViewerFiles, *, html: bool) -> None:
+        try:
+            from IPython.display import FileLink, display
+        except ImportError:
+            return
+        targets = [files.html] if html and files.html is not None else []
+        targets.append(files.pickle)
+        self.links.clear_output()
+        with self.links:
+            for path in targets:
+                display(FileLink(os.path.relpath(path)))
+
+
+def flight_capture_for_cell(since: float | None) -> OomCapture | None:
+    """The capture taken during the cell that just failed; one now when the observer missed it."""
+    history = flight_history()
+    capture = history.take_capture(since=since)
+    if capture is None:
+        capture = history.capture_after_cell()
+    return capture
+
+
+def show_flight_oom(capture: OomCapture, *, session: Any, report_text: str, report_html: str,
+                    label: str = "") -> FlightOomView | None:
+    """Display the OOM view under the cell (text in terminal IPython); returns the widget view."""
+    from allocconf_widget.adapters.frontend import Frontend, detect_frontend
+
+    if detect_frontend() in (Frontend.TERMINAL, Frontend.PLAIN):
+        analysis = analyse(capture, label=label)
+        smap = build_segment_map(analysis.snapshot, device=capture.device)
+        print("\n".join([report_text, *analysis_lines(analysis, segment_caption=smap.caption)]))
+        return None
+    from IPython.display import display
+
+    view = FlightOomView(analyse(capture, with_verdict=False, label=label), session=session,
+                         report_html=report_html, background=True)
+    display(view.widget)
+    return view

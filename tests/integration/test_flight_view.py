@@ -1,0 +1,119 @@
+"""The OOM view, headless: a real OOM recorded on an H200, rendered and clicked.
+
+ipywidgets objects are real; nothing is displayed. The recording
+(``allocconf_widget/data/flight_oom_h200``) was captured by the flight recorder
+from inside torch's OOM observer (``benchmarks/gpu/flight_oom.py --stacks``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+
+from allocconf_widget.adapters.flight_history import FlightSettings, OomCapture, flight_history
+from allocconf_widget.app.flight import analyse, load_demo_oom, verdict
+from allocconf_widget.app.session import Session
+from allocconf_widget.core.memory.snapshot import load_snapshot
+from allocconf_widget.views.widgets.flight import FlightOomView
+from allocconf_widget.views.widgets.flight_toggle import FlightToggle
+from allocconf_widget.views.widgets.oom import build_report, report_html
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return load_demo_oom()
+
+
+@pytest.fixture
+def view(demo):
+    report = build_report(demo.message, settings={}, torch_version=(2, 11),
+                          settings_text="torch's defaults")
+    return FlightOomView(analyse(demo.capture, label="Recording"), session=Session(),
+                         report_html=report_html(report))
+
+
+def test_the_view_shows_breakdown_sites_map_and_verdict(view, demo):
+    assert "CUDA out of memory on GPU 0" in view.breakdown.value
+    assert "allocated by PyTorch" in view.breakdown.value
+    assert "Recording: Flight recorder:" in view.header.value
+    assert f"{demo.capture.events:,} allocator events captured at the OOM" in view.header.value
+    sites = view.sites.value
+    assert "live bytes at the OOM by Python frame" in sites
+    assert "flight_oom.py" in sites and "kept_output" in sites and "activations" in sites
+    assert "<svg" in view.segments.value and "segments" in view.caption
+    assert "Segments at the OOM" in view.segments.value
+    body = view.verdict.value
+    assert "Verdict: under " in body and ": no OOM" in body
+    assert "of a 4.00 GiB limit" in body
+    assert "How sure: sure: the replay of your settings reproduced the OOM" in body
+    assert view.apply_button.layout.display != "none" and not view.apply_button.disabled
+    assert view.apply_button.description.startswith("Apply ")
+
+
+def test_apply_goes_through_the_session_and_says_what_to_rerun(view):
+    winner = view.analysis.verdict.winner
+    outcome = view.apply_winner()
+    assert outcome is not None and outcome.applied, outcome
+    shown = view.result.value
+    assert f"Applied {winner.shown_conf}." in shown
+    assert "Next:" in shown and ("re-run the cell" in shown or "restart the kernel" in shown)
+    assert view.session.applied().to_string() == winner.conf
+    variable = next(v for v in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF") if v in os.environ)
+    assert os.environ[variable] == winner.conf
+
+
+def test_open_in_pytorchs_viewer_writes_the_page_and_the_pickle(view, tmp_path, monkeypatch):
+    import torch  # noqa: F401 - the viewer page is torch's own (torch.cuda._memory_viz)
+
+    monkeypatch.chdir(tmp_path)
+    files = view.open_viewer()
+    assert files is not None and files.pickle.exists() and files.html is not None
+    page = files.html.read_text(encoding="utf-8")
+    assert "cdn.jsdelivr.net" in page  # torch's page loads its script from a CDN …
+    status = view.viewer_status.value
+    assert "cdn.jsdelivr.net, so it needs the internet" in status  # … and the view says so
+    assert "offline, use the segment map above" in status
+    again = load_snapshot(files.pickle)
+    assert len(again["device_traces"][0]) == view.analysis.capture.events
+    files = view.open_viewer(html=False)
+    assert "PyTorch's viewer:" not in view.viewer_status.value and files is not None
+
+
+def test_when_nothing_helps_the_verdict_says_allocated_not_cached(tmp_path):
+    meta = json.loads((DATA / "growing__frac_default.json").read_text())
+    snap = dict(load_snapshot(DATA / "growing__frac_default.pickle.gz"))
+    capture = OomCapture(snap, 0, 20 << 20, None, None, meta["device_total_bytes"],
+                         meta["fraction"], meta["stats"], FlightSettings(), meta["torch"])
+    result = verdict(capture)
+    assert result.winner is None
+    assert result.headline == "no setting avoids this: 40.06 MiB is allocated, not cached"
+    view = FlightOomView(analyse(capture, with_verdict=False), session=Session())
+    assert "no setting avoids this: 40.06 MiB is allocated, not cached" in view.verdict.value
+    assert view.apply_button.layout.display == "none"
+    assert view.apply_winner() is None
+
+
+def test_the_panel_toggle_turns_the_recorder_on_and_off():
+    toggle = FlightToggle()
+    try:
+        assert not toggle.button.value and "flight recorder off" in toggle.line.value
+        toggle.stacks.value = True
+        toggle.button.value = True  # a click
+        state = flight_history().status()
+        assert state.settings.python_stacks
+        assert toggle.line.value.count("flight recorder") == 1
+        if state.on:  # torch not imported in this process yet: armed
+            assert "armed" in toggle.line.value and "entries" in toggle.line.value
+        else:  # the CPU build of torch is imported: it says why it cannot record
+            assert "CPU-only build" in toggle.line.value and not toggle.button.value
+        toggle.button.value = False
+        assert flight_history().status().line == "flight recorder off"
+    finally:
+        flight_history().turn_off()
