@@ -41,8 +41,7 @@ ARMS = {
 
 
 def rss() -> int:
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * 4096
+    return int(Path("/proc/self/statm").read_text().split()[1]) * 4096
 
 
 def entries() -> int:
@@ -110,9 +109,10 @@ def main() -> None:
         result[model] = {"workload": description, "rows": overhead(step, args.rounds, args.steps)}
         print(model, description)
         for row in result[model]["rows"]:  # type: ignore[index]
+            mean, median = row["overhead_pct"], row["median_overhead_pct"]
             print(f"  {row['arm']:<26} {row['mean_ms']:8.2f} ms  "
-                  f"{'' if row['overhead_pct'] is None else format(row['overhead_pct'], '+.2f') + '%'}"
-                  f"  median {'' if row['median_overhead_pct'] is None else format(row['median_overhead_pct'], '+.2f') + '%'}")
+                  f"{'' if mean is None else format(mean, '+.2f') + '%'}"
+                  f"  median {'' if median is None else format(median, '+.2f') + '%'}")
         if model == "transformer":
             result["memory"] = [memory(step, False, 100_000), memory(step, True, 100_000)]
             for m in result["memory"]:  # type: ignore[attr-defined]

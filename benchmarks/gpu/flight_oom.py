@@ -38,25 +38,26 @@ MIB = 1 << 20
 LIMIT_BYTES = 4 << 30
 
 
-def activations(size_mib: int):  # noqa: ANN201 - a workload, named for the sites table
+def activations(size_mib: int) -> object:  # named for the sites table
     import torch
 
     return torch.empty(size_mib * MIB, dtype=torch.uint8, device="cuda")
 
 
-def kept_output(size_mib: int):  # noqa: ANN201
+def kept_output(size_mib: int) -> object:
     import torch
 
     return torch.empty(size_mib * MIB, dtype=torch.uint8, device="cuda")
 
 
 def fragment(steps: int = 30) -> list[object]:
-    kept, previous = [], None
+    kept: list[object] = []
+    held: list[object] = []
     for _ in range(steps):
-        current = activations(190)
-        del previous
+        held.append(activations(190))
+        if len(held) > 1:
+            del held[0]  # the previous step's activations are freed after this step's exist
         kept.append(kept_output(100))
-        previous = current
         time.sleep(0.002)  # lets a running monitor sample between steps
     return kept
 

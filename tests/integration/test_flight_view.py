@@ -113,7 +113,10 @@ def test_the_panel_toggle_turns_the_recorder_on_and_off():
             assert "armed" in toggle.line.value and "entries" in toggle.line.value
         else:  # the CPU build of torch is imported: it says why it cannot record
             assert "CPU-only build" in toggle.line.value and not toggle.button.value
-        toggle.button.value = False
+            toggle.button.value = True  # clicking again tries again
+            assert "CPU-only build" in toggle.line.value
+        toggle.set(False)
         assert flight_history().status().line == "flight recorder off"
+        assert not toggle.button.value and "flight recorder off" in toggle.line.value
     finally:
         flight_history().turn_off()

@@ -98,7 +98,7 @@ def _status(flight: Any) -> Any:
 
 
 def _show(capture: Any, ctx: Any, *, label: str = "", settings: Any = None,
-          version: Any = None) -> Any:
+          version: Any = None, settings_text: str | None = None) -> Any:
     from allocconf_widget.adapters.flight_history import flight_history
     from allocconf_widget.views.widgets.flight import show_flight_oom
     from allocconf_widget.views.widgets.oom import ObservedOom, build_report, report_html, report_text
@@ -108,7 +108,7 @@ def _show(capture: Any, ctx: Any, *, label: str = "", settings: Any = None,
         observed = ObservedOom(capture.device, capture.requested, capture.limit,
                                capture.device_free or 0, capture.stats)
     report = build_report(capture.message or "", settings=settings, torch_version=version,
-                          observed=observed)
+                          settings_text=settings_text, observed=observed)
     view = show_flight_oom(capture, session=ctx.session, report_text=report_text(report),
                            report_html=report_html(report), label=label)
     if not label:  # a recording shown as a demo never becomes this kernel's last OOM
@@ -127,4 +127,6 @@ def _demo(ctx: Any) -> Any:
     except ValueError:
         version = (2, 11)
     print(f"Recording (not this kernel): {demo.description}")
-    return _show(demo.capture, ctx, label="Recording", settings=settings, version=version)
+    text = str(settings.get("PYTORCH_CUDA_ALLOC_CONF") or "torch's defaults") + " (as recorded)"
+    return _show(demo.capture, ctx, label="Recording", settings=settings, version=version,
+                 settings_text=text)

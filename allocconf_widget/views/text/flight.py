@@ -22,10 +22,11 @@ def analysis_lines(analysis: FlightAnalysis, *, segment_caption: str | None = No
         if analysis.verdict.winner is not None:
             conf = analysis.verdict.winner.conf
             key, _, value = conf.partition(":")
-            lines.append(f"To apply it: %allocconf flight apply (or %allocconf set {key}={value}"
-                         " then %allocconf apply)" if "," not in conf else
-                         f"To apply it: %allocconf flight apply (or %allocconf set \"{conf}\" "
-                         "then %allocconf apply)")
+            how = (f"%allocconf set {key}={value}" if "," not in conf
+                   else f'%allocconf set "{conf}"') + " then %allocconf apply"
+            if not analysis.label:  # this kernel's own OOM: the short way applies the winner
+                how = f"%allocconf flight apply (or {how})"
+            lines.append(f"To apply it: {how}")
     elif analysis.verdict_error:
         lines.append(analysis.verdict_error)
     lines.append("PyTorch's viewer: %allocconf flight export (writes the snapshot pickle and "
