@@ -122,7 +122,9 @@ class Verdict:
 
     def lines(self) -> list[str]:
         out = [f"Verdict: {self.headline}"]
-        out += [f"  {i}. {self.option_line(o)}" for i, o in enumerate(self.winners, 1)]
+        if len(self.winners) > 1:
+            out.append("Also avoids it, by peak:")
+            out += [f"  {i}. {self.option_line(o)}" for i, o in enumerate(self.winners[1:], 2)]
         out.append(f"How sure: {self.sureness}")
         out += [f"note: {n}" for n in self.notes]
         return out

@@ -11,7 +11,7 @@ from html import escape, unescape
 
 from allocconf_widget.views.charts.segment_map import SegmentMap
 
-_ROW_H, _GAP, _LABEL_W = 14, 3, 170
+_ROW_H, _GAP, _LABEL_W = 11, 2, 170
 
 
 def _strip_tags(text: str) -> str:
@@ -24,22 +24,28 @@ def segment_map_svg(smap: SegmentMap, width: int = 720) -> str:
     sizes: dict[str, int] = {}
     for piece in smap.pieces:
         sizes[piece.row] = max(sizes.get(piece.row, 0), piece.offset + piece.size)
-    largest = max(sizes.values(), default=1) or 1
+    # a summary row ("+N smaller segments") is drawn to its own scale: it is a sum, not a segment
+    summary = {row for row in sizes if row.startswith("+")}
+    largest = max((v for row, v in sizes.items() if row not in summary), default=1) or 1
+    scale = {row: (sizes[row] if row in summary else largest) or 1 for row in sizes}
     plot_w = width - _LABEL_W - 10
     height = len(smap.rows) * (_ROW_H + _GAP) + 34
     parts = [f"<svg xmlns='http://www.w3.org/2000/svg' class='allocconf-segment-map' "
-             f"width='{width}' height='{height}' style='font:10px sans-serif'>"]
+             f"viewBox='0 0 {width} {height}' width='100%' "
+             f"style='font:10px sans-serif;max-width:{width}px'>"]
     index = {row: i for i, row in enumerate(smap.rows)}
     for row, i in index.items():
         y = 4 + i * (_ROW_H + _GAP)
-        parts.append(f"<text x='{_LABEL_W - 6}' y='{y + 11}' text-anchor='end'>"
+        parts.append(f"<text x='{_LABEL_W - 6}' y='{y + 9}' text-anchor='end'>"
                      f"{escape(row[:34])}</text>")
-        parts.append(f"<rect x='{_LABEL_W}' y='{y}' width='{plot_w * sizes.get(row, 0) / largest:.1f}' "
+        width_of_row = plot_w * sizes.get(row, 0) / scale.get(row, largest)
+        parts.append(f"<rect x='{_LABEL_W}' y='{y}' width='{width_of_row:.1f}' "
                      f"height='{_ROW_H}' fill='none' stroke='#ccc'/>")
     for piece in smap.pieces:
         y = 4 + index[piece.row] * (_ROW_H + _GAP)
-        x = _LABEL_W + plot_w * piece.offset / largest
-        w = max(0.5, plot_w * piece.size / largest)
+        row_scale = scale.get(piece.row, largest)
+        x = _LABEL_W + plot_w * piece.offset / row_scale
+        w = max(0.5, plot_w * piece.size / row_scale)
         parts.append(f"<rect x='{x:.1f}' y='{y}' width='{w:.1f}' height='{_ROW_H}' "
                      f"fill='{smap.state_color(piece.state)}'><title>"
                      f"{escape(_strip_tags(piece.hover), quote=False)}</title></rect>")

@@ -5,10 +5,10 @@ Shown under a cell that died of a CUDA OOM while the flight recorder was on
 ``%allocconf flight show`` / ``demo``. From top to bottom:
 
 * the breakdown the OOM assistant already shows (its HTML is passed in);
-* the top allocation sites by live bytes at the OOM;
-* the segment map at the OOM (inline SVG: it works in every front end);
 * the verdict: settings that would have avoided the OOM, ranked, with how sure
   the replay is, and one **Apply** button for the winner (through the Session);
+* the top allocation sites by live bytes at the OOM;
+* the segment map at the OOM (inline SVG: it works in every front end);
 * "Open in PyTorch's viewer" and "Download snapshot" buttons.
 
 The verdict replays the window, which can take seconds: in a notebook it is
@@ -40,6 +40,8 @@ from allocconf_widget.views.charts.segment_map_svg import segment_map_svg
 from allocconf_widget.views.text.flight import analysis_lines
 
 _GOOD, _BAD, _MUTED = "#2ca02c", "#d62728", "#666"
+#: Segments drawn one per row; smaller ones are summed into one row (totals stay exact).
+MAP_ROWS = 24
 
 
 def sites_html(analysis: FlightAnalysis) -> str:
@@ -67,9 +69,10 @@ def verdict_html(analysis: FlightAnalysis) -> str:
                 "candidate settings…</i></div>")
     color = _GOOD if verdict.winner is not None else _BAD
     parts = [f"<div style='font-weight:600;color:{color}'>Verdict: {escape(verdict.headline)}</div>"]
-    if verdict.winners:
-        items = "".join(f"<li>{escape(verdict.option_line(o))}</li>" for o in verdict.winners[:6])
-        parts.append(f"<ol style='margin:2px 0'>{items}</ol>")
+    if len(verdict.winners) > 1:
+        items = "".join(f"<li>{escape(verdict.option_line(o))}</li>" for o in verdict.winners[1:6])
+        parts.append(f"<div style='font-size:12px'>Also avoids it, by peak:</div>"
+                     f"<ol start='2' style='margin:2px 0;font-size:12px'>{items}</ol>")
     parts.append(f"<div style='font-size:12px'>How sure: {escape(verdict.sureness)}</div>")
     notes = "".join(f"<li>{escape(n)}</li>" for n in verdict.notes)
     parts.append(f"<ul style='font-size:11px;color:{_MUTED};margin:2px 0'>{notes}</ul>")
@@ -88,7 +91,8 @@ class FlightOomView:
         self.applied: ApplyOutcome | None = None
         self.files: ViewerFiles | None = None
         self._lock = threading.Lock()
-        smap = build_segment_map(analysis.snapshot, device=analysis.capture.device)
+        smap = build_segment_map(analysis.snapshot, device=analysis.capture.device,
+                                 max_rows=MAP_ROWS)
         self.caption = smap.caption
         self.header = W.HTML(f"<div style='color:{_MUTED};font-size:12px'>"
                              f"{escape(analysis.capture_line())}</div>")
@@ -117,9 +121,10 @@ class FlightOomView:
         self.viewer_status = W.HTML()
         self.viewer_status.add_class("allocconf-flight-viewer-status")
         self.links = W.Output()
+        # The answer first: the verdict and its Apply button sit right under the breakdown.
         self.widget = W.VBox([
-            self.header, self.breakdown, self.sites, self.segments, self.verdict,
-            W.HBox([self.apply_button, self.result]),
+            self.header, self.breakdown, self.verdict, W.HBox([self.apply_button, self.result]),
+            self.sites, self.segments,
             W.HBox([self.viewer_button, self.download_button]), self.viewer_status, self.links,
         ])
         self.widget.add_class("allocconf-flight")
