@@ -31,6 +31,7 @@ from allocconf_widget.adapters.flight_history import (
 )
 from allocconf_widget.core.memory.sites import SiteReport, top_sites
 from allocconf_widget.core.units import format_bytes
+from allocconf_widget.core.versions import TorchVersion
 
 DEMO_NAME = "flight_oom_h200"
 CDN_NOTE = ("PyTorch's viewer page loads its script (MemoryViz.js) from cdn.jsdelivr.net, so it "
@@ -138,16 +139,17 @@ def _limit(capture: OomCapture) -> int | None:
     return capture.limit
 
 
-def _release(version: str | None) -> tuple[int, int] | None:
-    from allocconf_widget.core.sim.settings import NEWEST_SUPPORTED, parse_torch_version
+def _release(version: str | None) -> TorchVersion | None:
+    """The capturing torch's release if the simulator models it; None: infer from the trace."""
+    from allocconf_widget._errors import AllocConfError
+    from allocconf_widget.core.versions import simulated_release
 
     if not version:
         return None
     try:
-        release = parse_torch_version(version)
-    except ValueError:
+        return simulated_release(version)
+    except AllocConfError:
         return None
-    return release if release <= NEWEST_SUPPORTED else None
 
 
 def verdict(capture: OomCapture) -> Verdict:

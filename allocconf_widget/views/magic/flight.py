@@ -117,14 +117,15 @@ def _show(capture: Any, ctx: Any, *, label: str = "", settings: Any = None,
 
 
 def _demo(ctx: Any) -> Any:
+    from allocconf_widget._errors import AllocConfError
     from allocconf_widget.app.flight import load_demo_oom
-    from allocconf_widget.core.sim.settings import parse_torch_version
+    from allocconf_widget.core.versions import parse_version
 
     demo = load_demo_oom()
     settings = dict(demo.capture.snapshot.get("allocator_settings") or {})
     try:
-        version = parse_torch_version(demo.capture.torch_version or "2.11")
-    except ValueError:
+        version = parse_version(demo.capture.torch_version or "2.11").key
+    except AllocConfError:
         version = (2, 11)
     print(f"Recording (not this kernel): {demo.description}")
     text = str(settings.get("PYTORCH_CUDA_ALLOC_CONF") or "torch's defaults") + " (as recorded)"
