@@ -151,7 +151,20 @@ def _advice_action(item: Advice) -> str:
     if item.unset:
         names = " ".join(item.unset)
         return f"remove {', '.join(item.unset)} (%allocconf unset {names}, then %allocconf apply)"
-    return "no allocator setting to change"
+    return _NO_SETTING_LABELS.get(item.rule, "outside the allocator settings")
+
+
+#: What the user does for advice that changes no allocator setting: never "no setting to
+#: change" next to a replay verdict that found one, unless no setting helps.
+_NO_SETTING_LABELS = {
+    "fraction_limit": "raise the memory fraction",
+    "no_allocator_fix": "no allocator setting helps",
+    "expandable_already_on": "already on",
+    "upgrade_for_expandable": "upgrade torch",
+    "non_pytorch_memory": "memory outside PyTorch",
+    "other_processes": "other processes",
+    "memory_outside_pytorch": "memory outside PyTorch",
+}
 
 
 def report_text(report: OomReport) -> str:
