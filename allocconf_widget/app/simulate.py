@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -119,8 +120,16 @@ def _release(version: Any) -> TorchVersion | None:
 
 
 def what_if(source: TraceSource, *, extra_confs: list[str] | tuple[str, ...] = (),
-            fraction: float | None = None) -> WhatIfReport:
+            fraction: float | None = None, current_conf: str | None = None,
+            trace: Any = None, progress: Callable[[int, int], None] | None = None) -> WhatIfReport:
     """Replay ``source`` under the candidate grid (plus ``extra_confs``) and rank the results.
+
+    ``current_conf`` is the configuration the caller runs now (the What if? tab passes
+    this kernel's effective settings): it becomes the "current" row every other row is
+    compared with, and the recording's own settings get a row of their own (the model
+    self-check still replays those). Without it, the recording's settings are "current".
+    ``trace`` is ``source``'s already-decoded trace, if the caller has it (see
+    :class:`TraceCache`); ``progress(done, total)`` follows the replays.
 
     Raises:
         SnapshotError: the snapshot has no usable trace.
@@ -130,7 +139,8 @@ def what_if(source: TraceSource, *, extra_confs: list[str] | tuple[str, ...] = (
     from allocconf_widget.core.sim.recommend import recommend
     from allocconf_widget.core.sim.simulator import SimSettings, extract_trace
 
-    trace = extract_trace(source.snapshot)
+    if trace is None:
+        trace = extract_trace(source.snapshot)
     notes: list[str] = []
     version = source.torch_version
     if version is None:
@@ -140,12 +150,72 @@ def what_if(source: TraceSource, *, extra_confs: list[str] | tuple[str, ...] = (
         if choice.note:
             notes.append(choice.note)
     settings = allocator_settings(source.snapshot)
-    current = SimSettings.from_allocator_settings(settings, version) if settings else None
+    recorded = SimSettings.from_allocator_settings(settings, version) if settings else None
+    if current_conf is None:
+        result = recommend(trace, torch_version=version, current_settings=recorded,
+                           current_conf=(settings or {}).get("PYTORCH_CUDA_ALLOC_CONF"),
+                           extra_confs=list(extra_confs), fraction=fraction,
+                           device_total=source.device_total,
+                           non_pytorch_bytes=source.non_pytorch_bytes, progress=progress)
+        return WhatIfReport(source.label, trace.num_events, result, tuple(notes))
+    current, note = kernel_settings(current_conf, version)
+    if note:
+        notes.append(note)
     result = recommend(trace, torch_version=version, current_settings=current,
-                       current_conf=(settings or {}).get("PYTORCH_CUDA_ALLOC_CONF"),
+                       current_conf=current_conf,
+                       recorded_settings=recorded or SimSettings(torch_version=version),
                        extra_confs=list(extra_confs), fraction=fraction,
-                       device_total=source.device_total, non_pytorch_bytes=source.non_pytorch_bytes)
+                       device_total=source.device_total, non_pytorch_bytes=source.non_pytorch_bytes,
+                       progress=progress)
     return WhatIfReport(source.label, trace.num_events, result, tuple(notes))
+
+
+def kernel_settings(conf_text: str, version: TorchVersion) -> tuple[Any, str | None]:
+    """This kernel's settings as the replay models them under the trace's torch, and a note.
+
+    The kernel's torch may accept options the trace's release does not (and the replay
+    models only the native allocator's memory options), so the string is read
+    tolerantly: what the model knows is replayed, the rest is said in the note.
+    """
+    from allocconf_widget.core.sim.settings import SimSettings
+
+    shown = conf_text or "torch's defaults"
+    try:
+        return SimSettings.from_string(conf_text, version), None
+    except AllocConfError as exc:
+        lenient = SimSettings.from_allocator_settings({"PYTORCH_CUDA_ALLOC_CONF": conf_text}, version)
+        return lenient, (f"this kernel runs {shown}; the replay (torch {version} rules) "
+                         f"models only its memory options ({exc.reason})")
+
+
+@dataclass
+class TraceCache:
+    """The last trace source and its decoded trace, so a second Compare does not decode again.
+
+    Keyed by the object that produced it (a recording, or the bundled file), so a new
+    ``%%allocconf record`` is never answered from the old trace.
+    """
+
+    key: Any = None
+    source: TraceSource | None = None
+    trace: Any = None
+
+    def get(self, session: Any) -> tuple[TraceSource, Any]:
+        """The session's trace source and its decoded trace (decoded once per source)."""
+        from allocconf_widget.core.sim.simulator import extract_trace
+
+        key = _source_key(session)
+        if self.source is None or key != self.key:
+            source = trace_source(session)
+            trace = extract_trace(source.snapshot)
+            self.key, self.source, self.trace = key, source, trace
+        assert self.source is not None
+        return self.source, self.trace
+
+
+def _source_key(session: Any) -> Any:
+    rec = session.extras.get(RECORDING_KEY)
+    return ("recording", id(rec)) if rec is not None and rec.snapshot is not None else ("demo",)
 
 
 # ---------------------------------------------------------------- one simulation, every front end
@@ -317,3 +387,68 @@ def _checked_confs(confs: tuple[str, ...], version: TorchVersion, notes: list[st
         notes.extend(f"{conf!r}: {w.message}" for w in caught)
         out.append(conf)
     return out
+
+
+#: Options a replay says nothing about (host memory, locking, graph capture): a What-if row's
+#: Apply keeps them as they are rather than unsetting them behind the user's back.
+_NOT_REPLAYED = ("release_lock_on_cudamalloc", "graph_capture_record_stream_reuse")
+
+
+@dataclass(frozen=True)
+class RowApply:
+    """What applying one What-if row would do to this kernel's configuration."""
+
+    conf: str  # the row's string ("" = torch's defaults)
+    target: Any  # the complete AllocConf Apply will make
+    changes: tuple[Any, ...]  # core.config.conf.Change, in canonical order
+    kept: tuple[str, ...]  # options the replay does not model, carried over unchanged
+
+    @property
+    def sets(self) -> tuple[str, ...]:
+        return tuple(f"{c.option}:{_shown(c.after)}" for c in self.changes if c.after is not None)
+
+    @property
+    def unsets(self) -> tuple[str, ...]:
+        return tuple(f"{c.option}:{_shown(c.before)}" for c in self.changes if c.after is None)
+
+    def describe(self) -> str:
+        """One sentence for the confirm step: what will be set and what will be unset."""
+        if not self.changes:
+            return "this kernel already runs these settings: nothing to change"
+        parts = []
+        if self.sets:
+            parts.append("set " + ", ".join(self.sets))
+        if self.unsets:
+            parts.append("unset " + ", ".join(self.unsets))
+        text = "Apply will " + " and ".join(parts)
+        if self.kept:
+            text += f"; keeps {', '.join(self.kept)} (the replay does not model them)"
+        return text
+
+
+def _shown(value: Any) -> str:
+    from allocconf_widget.core.config.conf import format_value
+
+    return format_value(value)
+
+
+def plan_row_apply(session: Any, conf: str) -> RowApply:
+    """The complete configuration a What-if row's Apply makes from what this kernel applied.
+
+    The row's options replace the memory options; options the replay does not model
+    (pinned host memory, the cudaMalloc lock, graph-capture reuse) are kept.
+
+    Raises:
+        AllocConfError: the row's string is not valid for the installed torch.
+    """
+    from allocconf_widget.core.config import options as opt
+    from allocconf_widget.core.config.conf import parse_conf
+
+    view = session.view()
+    base = view.applied
+    row = parse_conf(conf, base.torch_version, warn=False)
+    kept = {name: value for name, value in base.items()
+            if (name.startswith("pinned_") or name in _NOT_REPLAYED) and name not in row
+            and opt.spec_for(name) is not None}
+    target = row.merge(kept) if kept else row
+    return RowApply(conf, target, base.diff(target), tuple(kept))

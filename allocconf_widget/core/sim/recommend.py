@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +110,8 @@ def recommend(
     fraction: float | None = None,
     extra_confs: Iterable[str] | None = (),
     workers: int | None = None,
+    recorded_settings: SimSettings | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Recommendation:
     """Replay the candidate grid and rank it.
 
@@ -121,12 +123,16 @@ def recommend(
         fraction: ``torch.cuda.set_per_process_memory_fraction`` value in force;
             applied to every candidate (it is a limit, not a tuning knob).
         extra_confs: more option strings to try (validated; invalid ones raise).
+        recorded_settings: what the trace ran with, when "current" is something else (the
+            settings of the kernel looking at the recording): the self-check replays these,
+            they get their own row, and every reason compares with the current settings.
+        progress: ``progress(done, total)`` after each replay (see ``simulate_many``).
     """
     version = simulated_release(torch_version)
     if current_settings is None:
         current_settings = _settings_for(current_conf or "", version)
     if fraction is None:
-        fraction = current_settings.per_process_memory_fraction
+        fraction = (recorded_settings or current_settings).per_process_memory_fraction
     notes: list[str] = []
     if device_total is None and (usable := trace.inferred_usable_bytes()) is not None:
         device_total, non_pytorch_bytes = usable, 0
@@ -135,16 +141,25 @@ def recommend(
     current = dataclasses.replace(current_settings, per_process_memory_fraction=fraction, label=label)
 
     entries: list[tuple[str, str, SimSettings]] = [(label, "current", current)]
-    grid = candidate_confs(version, with_fraction=fraction is not None and device_total is not None)
+    recorded = current
+    grid: list[tuple[str, str]] = []
+    if recorded_settings is not None:
+        recorded = dataclasses.replace(recorded_settings, per_process_memory_fraction=fraction)
+        described = recorded.describe()
+        grid.append(("" if described == "(defaults)" else described, "recorded"))
+    grid += candidate_confs(version, with_fraction=fraction is not None and device_total is not None)
     for conf, kind in grid + [(c, "extra") for c in extra_confs or ()]:
         try:
-            s = _settings_for(conf, version)
+            s = recorded if kind == "recorded" else _settings_for(conf, version)
         except AllocConfError:
             if kind == "extra":
                 raise
             continue  # a grid entry this release rejects (e.g. minimum sizes)
         s = dataclasses.replace(s, per_process_memory_fraction=fraction, label=conf)
-        if all(s != other for _, _, other in entries):
+        # Against a kernel's own settings, another string stays a row even when it replays the
+        # same (e.g. the defaults vs. release_lock_on_cudamalloc:True): it is a different Apply.
+        if all(s != other or (recorded_settings is not None and k == "current" and c != conf)
+               for c, k, other in entries):
             entries.append((conf, kind, s))
 
     # The last run is the self-check: it replays the current settings on the recorded
@@ -152,11 +167,12 @@ def recommend(
     # address model and equal behaviour shows as equal numbers.
     results = simulate_many(
         trace,
-        [s for _, _, s in entries] + [current],
+        [s for _, _, s in entries] + [recorded],
         device_total=device_total,
         non_pytorch_bytes=non_pytorch_bytes,
         workers=workers,
         check=[False] * len(entries) + [True],
+        progress=progress,
     )
     fidelity = results.pop().fidelity
     base = results[0]
@@ -207,6 +223,7 @@ _WHY_BETTER = {
     "gc": "cached segments that sat unused are released once reserved passes "
     "{gc:.0%} of the allowed memory",
     "defaults": "torch's defaults",
+    "recorded": "the settings the recording ran with",
 }
 _WHY_WORSE = {
     "expandable": "mapping in {page} pages costs more than it saves for this trace",
@@ -215,6 +232,7 @@ _WHY_WORSE = {
     "roundup": "rounding sizes up to 1/{div} steps of a power of two pads every allocation",
     "gc": "releasing idle segments early means re-allocating them later",
     "defaults": "torch's defaults",
+    "recorded": "the settings the recording ran with",
 }
 
 

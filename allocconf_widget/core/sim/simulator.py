@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -179,6 +179,7 @@ def simulate_many(
     workers: int | None = None,
     series_points: int = 1000,
     check: Sequence[bool] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[SimResult]:
     """Replay several configurations, in parallel processes when there are several.
 
@@ -187,6 +188,8 @@ def simulate_many(
     One configuration, ``workers=1``, or a platform that cannot start processes
     runs in this process. Results come back in input order. ``check`` holds a
     :func:`simulate` ``check`` flag per configuration (for the recorded one).
+    ``progress(done, total)`` is called after each configuration finishes, so a
+    front end can show how far a slow comparison has got.
     """
     configs = list(settings_list)
     base: dict[str, Any] = {
@@ -202,15 +205,29 @@ def simulate_many(
     if workers is None:
         workers = os.cpu_count() or 1
     workers = min(workers, len(configs))
+    total = len(configs)
+
+    def report(done: int) -> None:
+        if progress is not None:
+            progress(done, total)
+
     if workers > 1:
         try:
             with ProcessPoolExecutor(
                 max_workers=workers, initializer=_init_worker, initargs=(trace,)
             ) as pool:
-                return list(pool.map(_simulate_in_worker, configs, per_config))
+                results = []
+                for result in pool.map(_simulate_in_worker, configs, per_config):
+                    results.append(result)
+                    report(len(results))
+                return results
         except (OSError, BrokenProcessPool, NotImplementedError):
             pass  # e.g. a sandbox without process support: fall back below
-    return [simulate(trace, s, **kw) for s, kw in zip(configs, per_config, strict=True)]
+    results = []
+    for s, kw in zip(configs, per_config, strict=True):
+        results.append(simulate(trace, s, **kw))
+        report(len(results))
+    return results
 
 
 #: First releases of each set of replay rules (docs/internals/allocator_facts.md §6.14): expandable

@@ -77,6 +77,7 @@ class Panel:
         self.tabs.observe(self._tab_changed, names="selected_index")
         self.widget = W.VBox([self.tabs])
         self.widget.add_class("allocconf-panel")
+        self.whatif: Any = None  # the What if? tab's view, built when first opened
         self._unsubscribe = session.subscribe(self._session_changed)
         self._refresh_status()
 
@@ -148,15 +149,23 @@ class Panel:
         container = self.tabs.children[index]
         if index == 0 or container.children:
             return
-        container.children = [_lazy_tab(index, self.model.session)]
+        if index == 2:
+            from allocconf_widget.views.widgets.whatif import WhatIfView
+
+            self.whatif = WhatIfView(self.model.session)
+            container.children = [self.whatif.widget]
+            return
+        container.children = [_lazy_tab(index)]
 
     def close(self) -> None:
         """Stop listening to the session and close the widgets."""
         self._unsubscribe()
+        if self.whatif is not None:
+            self.whatif.close()
         self.widget.close()
 
 
-def _lazy_tab(index: int, session: Session) -> Any:
+def _lazy_tab(index: int) -> Any:
     import ipywidgets as W
 
     try:
@@ -164,9 +173,7 @@ def _lazy_tab(index: int, session: Session) -> Any:
             from allocconf_widget.views.widgets.monitor import start_monitor
 
             return start_monitor().widget
-        from allocconf_widget.views.widgets.whatif import WhatIfView
-
-        return WhatIfView(session).widget
+        return W.HTML("<i>unknown tab</i>")
     except ImportError as exc:
         return W.HTML(f"<i>Not available: {html.escape(str(exc))}</i>")
 

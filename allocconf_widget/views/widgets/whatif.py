@@ -8,14 +8,27 @@ chart of predicted peak reserved memory, the reserved-over-time curves, and
 one row per candidate with its reason and an *Apply* button that goes through
 the lifecycle logic (applied now / at first CUDA use / needs restart).
 
-Charts: a plotly ``FigureWidget`` where it works (JupyterLab, Notebook 7),
-inline SVG elsewhere (Colab, VS Code), as for the monitor.
+"Current" is this kernel's effective configuration, read from the Session (the
+recording's own settings get a row of their own). A row's Apply first says what
+it will set and unset and waits for a confirmation; the outcome appears under
+that row. The tab follows the Session: an Apply made anywhere moves the
+"current" mark.
+
+Speed: the first Compare must answer at once. Building the tab starts decoding
+the trace in a background thread (kept per session, so a new panel reuses it),
+Compare shows a progress bar while the candidates replay, and the charts are
+inline SVG: a plotly ``FigureWidget`` (``renderer="figurewidget"``) costs seconds
+on first use (plotly's widget module imports nbformat, and each figure ships
+plotly's JavaScript bundle to the browser), which is what made the first Compare
+take 5–14 s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import html
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from allocconf_widget.core.units import format_bytes
@@ -80,6 +93,35 @@ def overlay_svg(runs: list[tuple[str, list[float], list[float], float, bool]],
     return "".join(parts)
 
 
+_CACHE_KEY = "whatif_trace_cache"
+_ERROR = "<span style='color:#b00020'>✖ {}</span>"
+
+
+def _trace_cache(session: Any) -> Any:
+    """The session's :class:`~allocconf_widget.app.simulate.TraceCache` (one per kernel)."""
+    from allocconf_widget.app.simulate import TraceCache
+
+    with session.lock:
+        cache = session.extras.get(_CACHE_KEY)
+        if cache is None:
+            cache = session.extras[_CACHE_KEY] = TraceCache()
+        return cache
+
+
+@dataclass
+class _Row:
+    """The widgets of one candidate: Apply, label, the confirm step (built on demand), the outcome."""
+
+    conf: str
+    is_current: bool
+    apply: Any
+    result: Any
+    box: Any
+    confirm: Any = None
+    question: Any = None
+    yes: Any = None
+
+
 class WhatIfView:
     """The tab's widgets. ``view.widget`` is displayed; ``view.run()`` computes (any thread)."""
 
@@ -89,23 +131,45 @@ class WhatIfView:
         self.session = session
         self.renderer = renderer
         self._lock = threading.Lock()
+        self._cache_lock = threading.Lock()
         self.source = W.HTML()
         self.run_button = W.Button(description="Compare settings", icon="play",
-                                   button_style="primary")
+                                   button_style="primary",
+                                   layout=W.Layout(width="auto", min_width="175px"))
         self.run_button.add_class("allocconf-whatif-run")
         self.run_button.on_click(lambda _b: self.run())
+        self.progress = W.IntProgress(value=0, min=0, max=1, description="",
+                                      layout=W.Layout(width="220px", display="none"))
+        self.progress.add_class("allocconf-whatif-progress")
+        self.current = W.HTML()
+        self.current.add_class("allocconf-whatif-current")
         self.summary = W.HTML()
         self.summary.add_class("allocconf-whatif-summary")
         self.charts = W.VBox()
         self.rows = W.VBox()
-        self.result = W.HTML()
-        self.result.add_class("allocconf-whatif-result")
-        self.widget = W.VBox([W.HBox([self.run_button, self.source]), self.summary, self.charts,
-                              self.rows, self.result])
+        self.widget = W.VBox([W.HBox([self.run_button, self.progress, self.source]), self.current,
+                              self.summary, self.charts, self.rows])
         self.widget.add_class("allocconf-whatif")
         self.recommendation: Any = None
+        self.compared_with: str | None = None
+        self._rows: list[_Row] = []
         self._describe_source()
+        self._show_current()
+        self._unsubscribe = session.subscribe(self._session_changed)
+        self._warm = threading.Thread(target=self._decode_quietly, name="allocconf-whatif-decode",
+                                      daemon=True)
+        self._warm.start()
 
+    # -- the trace, decoded ahead of the first click --------------------------------
+    def _decode_quietly(self) -> None:
+        with self._cache_lock, contextlib.suppress(Exception):  # run() reports any error
+            _trace_cache(self.session).get(self.session)
+
+    def _trace(self) -> tuple[Any, Any]:
+        with self._cache_lock:
+            return _trace_cache(self.session).get(self.session)
+
+    # -- header lines -------------------------------------------------------------
     def _describe_source(self) -> None:
         from allocconf_widget.app.simulate import RECORDING_KEY
 
@@ -114,51 +178,106 @@ class WhatIfView:
                              else "<i>trace: the bundled H200 recording (no %%allocconf record "
                                   "in this session yet)</i>")
 
+    def _effective(self) -> str:
+        return str(self.session.view().effective.to_string())
+
+    def _show_current(self) -> None:
+        now = self._effective()
+        line = f"This kernel runs <code>{html.escape(now or '(torch defaults)')}</code>"
+        if self.compared_with is not None and self.compared_with != now:
+            line += (f"; the rows below were compared with <code>"
+                     f"{html.escape(self.compared_with or '(torch defaults)')}</code>: "
+                     "Compare again to re-rank them")
+        self.current.value = line + "."
+
+    # -- Compare ---------------------------------------------------------------------
     def run(self) -> Any:
         """Replay the candidates and render the comparison."""
-        from allocconf_widget.app.simulate import trace_source, what_if
+        from allocconf_widget.app.simulate import what_if
 
         with self._lock:
             self.run_button.disabled = True
             self.summary.value = "<i>Replaying the trace under each candidate…</i>"
+            self.progress.value, self.progress.layout.display = 0, ""
+            self.progress.description = "reading"
             try:
-                report = what_if(trace_source(self.session))
+                source, trace = self._trace()
+                current = self._effective()
+                report = what_if(source, trace=trace, current_conf=current, progress=self._progress)
                 self.recommendation = report.recommendation
+                self.compared_with = current
                 self.session.extras["whatif"] = report.recommendation
                 self._render(report.headline(), report.notes)
             except Exception as exc:  # shown in the tab; never breaks the panel
-                self.summary.value = f"<span style='color:#b00020'>✖ {html.escape(str(exc))}</span>"
+                self.summary.value = _ERROR.format(html.escape(str(exc)))
             finally:
                 self.run_button.disabled = False
+                self.progress.layout.display = "none"
                 self._describe_source()
+                self._show_current()
         return self.recommendation
 
-    def _render(self, header: list[str], source_notes: tuple[str, ...] = ()) -> None:
-        import ipywidgets as W
+    def _progress(self, done: int, total: int) -> None:
+        self.progress.max = total
+        self.progress.value = done
+        self.progress.description = f"{done}/{total}"
 
+    def _render(self, header: list[str], source_notes: tuple[str, ...] = ()) -> None:
         rec = self.recommendation
         notes = [html.escape(n) for n in (*source_notes, *rec.notes)]
         self.summary.value = "<br>".join([html.escape(h) for h in header] + notes)
         runs = _runs(rec)
         self.charts.children = self._charts(runs)
-        rows = []
-        for cand in rec.candidates:
-            button = W.Button(description="Apply", layout=W.Layout(width="80px"),
-                              disabled=cand.is_current)
-            button.add_class("allocconf-whatif-apply")
-            button.on_click(lambda _b, conf=cand.conf: self.apply(conf))
-            label = W.HTML(f"<code>{html.escape(cand.conf or '(torch defaults)')}</code> — "
-                           f"{html.escape(cand.reason)}", layout=W.Layout(width="85%"))
-            rows.append(W.HBox([button, label]))
-        self.rows.children = rows
+        self._rows = [self._row(cand) for cand in rec.candidates]
+        self.rows.children = [row.box for row in self._rows]
+        self._mark_rows()
+
+    def _row(self, cand: Any) -> _Row:
+        import ipywidgets as W
+
+        apply = W.Button(description="Apply", layout=W.Layout(width="80px"))
+        apply.add_class("allocconf-whatif-apply")
+        tag = " <b>(this kernel)</b>" if cand.is_current else ""
+        label = W.HTML(f"<code>{html.escape(cand.conf or '(torch defaults)')}</code>{tag} — "
+                       f"{html.escape(cand.reason)}", layout=W.Layout(width="85%"))
+        result = W.HTML(layout=W.Layout(margin="0 0 0 84px"))
+        result.add_class("allocconf-whatif-result")
+        box = W.VBox([W.HBox([apply, label]), result])
+        box.add_class("allocconf-whatif-row")
+        row = _Row(cand.conf, cand.is_current, apply, result, box)
+        apply.on_click(lambda _b: self.ask(row))
+        return row
+
+    def _confirm_widgets(self, row: _Row) -> None:
+        import ipywidgets as W
+
+        if row.confirm is not None:
+            return
+        row.question = W.HTML()
+        row.question.add_class("allocconf-whatif-question")
+        row.yes = W.Button(description="Apply these settings", button_style="warning",
+                           layout=W.Layout(width="auto"))
+        row.yes.add_class("allocconf-whatif-confirm")
+        no = W.Button(description="Cancel", layout=W.Layout(width="auto"))
+        no.add_class("allocconf-whatif-cancel")
+        row.yes.on_click(lambda _b: self.apply(row.conf))
+        no.on_click(lambda _b: self._hide_confirm(row))
+        row.confirm = W.HBox([row.question, row.yes, no], layout=W.Layout(margin="0 0 0 84px"))
+        row.box.children = [row.box.children[0], row.confirm, row.result]
+
+    def _mark_rows(self) -> None:
+        """Apply is enabled on every row whose settings differ from what this kernel runs."""
+        view = self.session.view()
+        now, version = view.effective.to_string(), view.state.version
+        for row in self._rows:
+            row.apply.disabled = _same_settings(row.conf, now, version)
+            row.apply.tooltip = "this kernel runs these settings" if row.apply.disabled else (
+                "see what changes, then confirm")
 
     def _charts(self, runs: list[tuple[str, list[float], list[float], float, bool]]) -> list[Any]:
         import ipywidgets as W
 
-        from allocconf_widget.adapters.frontend import detect_frontend
-        from allocconf_widget.views.charts.monitor_render import choose_renderer
-
-        if choose_renderer(self.renderer, detect_frontend()) == "figurewidget":
+        if self.renderer == "figurewidget":  # opt-in: seconds on first use (see the module doc)
             try:
                 import plotly.graph_objects as go
 
@@ -172,14 +291,67 @@ class WhatIfView:
         bars.add_class("allocconf-whatif-svg")
         return [bars, lines]
 
-    def apply(self, conf: str) -> Any:
-        """Stage ``conf`` and apply it through the lifecycle logic; show what happened."""
+    # -- Apply: say what changes, wait for a yes, show the outcome under the row ------------
+    def _find(self, conf: str) -> _Row | None:
+        return next((row for row in self._rows if row.conf == conf), None)
+
+    def ask(self, row: _Row) -> Any:
+        """The confirm step: what Apply would set and unset, with Apply / Cancel under the row."""
+        from allocconf_widget.app.simulate import plan_row_apply
+
+        row.result.value = ""
         try:
-            self.session.stage_text(conf, eager=False)
+            plan = plan_row_apply(self.session, row.conf)
+        except Exception as exc:  # the row's string is not valid for the installed torch
+            row.result.value = _ERROR.format(html.escape(str(exc)))
+            return None
+        self._confirm_widgets(row)
+        row.question.value = f"{html.escape(plan.describe())}."
+        row.yes.layout.display = "" if plan.changes else "none"
+        row.confirm.layout.display = ""
+        return plan
+
+    def _hide_confirm(self, row: _Row) -> None:
+        if row.confirm is not None:
+            row.confirm.layout.display = "none"
+
+    def apply(self, conf: str) -> Any:
+        """Apply the row ``conf`` through the lifecycle logic; show what happened under that row."""
+        from allocconf_widget.app.simulate import plan_row_apply
+
+        row = self._find(conf)
+        if row is not None:
+            self._hide_confirm(row)
+        shown = html.escape(conf or "(torch defaults)")
+        try:
+            plan = plan_row_apply(self.session, conf)
+            self.session.stage(plan.target, eager=False)
             result = self.session.apply()
         except Exception as exc:  # an invalid candidate for this torch, or torch refusing it
-            self.result.value = f"<span style='color:#b00020'>✖ {html.escape(str(exc))}</span>"
+            if row is not None:
+                row.result.value = _ERROR.format(html.escape(str(exc)))
             return None
         lines = "<br>".join(html.escape(line) for line in result.summary().splitlines())
-        self.result.value = f"<b>Applied {html.escape(conf or '(torch defaults)')}.</b><br>{lines}"
+        if row is not None:
+            row.result.value = (f"<b>Applied {shown}.</b> {html.escape(plan.describe())}."
+                                f"<br>{lines}")
         return result
+
+    # -- the Session changed (an Apply here, in the Settings tab or by the magic) ----------
+    def _session_changed(self) -> None:
+        self._show_current()
+        self._mark_rows()
+
+    def close(self) -> None:
+        """Stop following the Session."""
+        self._unsubscribe()
+
+
+def _same_settings(conf: str, effective: str, version: Any) -> bool:
+    """True when the row's string is what this kernel runs (compared after parsing)."""
+    from allocconf_widget.core.config.conf import parse_conf
+
+    try:
+        return bool(parse_conf(conf, version, warn=False) == parse_conf(effective, version, warn=False))
+    except Exception:
+        return conf == effective
