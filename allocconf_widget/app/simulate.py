@@ -441,11 +441,14 @@ def plan_row_apply(session: Any, conf: str) -> RowApply:
     Raises:
         AllocConfError: the row's string is not valid for the installed torch.
     """
+    return row_apply_from(session.view().applied, conf)
+
+
+def row_apply_from(base: Any, conf: str) -> RowApply:
+    """:func:`plan_row_apply` from a given applied configuration (one read for many rows)."""
     from allocconf_widget.core.config import options as opt
     from allocconf_widget.core.config.conf import parse_conf
 
-    view = session.view()
-    base = view.applied
     row = parse_conf(conf, base.torch_version, warn=False)
     kept = {name: value for name, value in base.items()
             if (name.startswith("pinned_") or name in _NOT_REPLAYED) and name not in row

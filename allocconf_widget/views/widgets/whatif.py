@@ -266,11 +266,15 @@ class WhatIfView:
         row.box.children = [row.box.children[0], row.confirm, row.result]
 
     def _mark_rows(self) -> None:
-        """Apply is enabled on every row whose settings differ from what this kernel runs."""
-        view = self.session.view()
-        now, version = view.effective.to_string(), view.state.version
+        """Apply is enabled on every row that would change what this kernel runs."""
+        from allocconf_widget.app.simulate import row_apply_from
+
+        applied = self.session.view().applied
         for row in self._rows:
-            row.apply.disabled = _same_settings(row.conf, now, version)
+            try:
+                row.apply.disabled = not row_apply_from(applied, row.conf).changes
+            except Exception:  # not valid for the installed torch: Apply explains why
+                row.apply.disabled = False
             row.apply.tooltip = "this kernel runs these settings" if row.apply.disabled else (
                 "see what changes, then confirm")
 
@@ -346,12 +350,3 @@ class WhatIfView:
         """Stop following the Session."""
         self._unsubscribe()
 
-
-def _same_settings(conf: str, effective: str, version: Any) -> bool:
-    """True when the row's string is what this kernel runs (compared after parsing)."""
-    from allocconf_widget.core.config.conf import parse_conf
-
-    try:
-        return bool(parse_conf(conf, version, warn=False) == parse_conf(effective, version, warn=False))
-    except Exception:
-        return conf == effective
