@@ -4,8 +4,15 @@ Each control edits a *draft* (option name → text, or None for "default
 (unset)"). Every edit re-validates the whole draft with the configuration
 model; a valid draft is staged in the session (never written to the
 environment: only Apply does that), an invalid one keeps the previous staged
-configuration and exposes the error. So a bad slider value can never reach
-``os.environ`` or torch.
+configuration and exposes the error, tied to the option it is about (the panel
+shows it on that row; a character position in a string the user never typed
+would mean nothing). So a bad slider value can never reach ``os.environ`` or torch.
+
+Ticking a row stages a value that is valid with the rest of the draft: torch's
+default where it is a number (``large_segment_size_mb`` ticks at 20, so an
+existing ``max_split_size_mb:128`` stays valid), the non-default for a switch,
+otherwise the first round value the draft accepts. A size larger than the
+device's memory (from NVML, never from CUDA) is allowed but warned about.
 """
 
 from __future__ import annotations
@@ -22,6 +29,19 @@ from allocconf_widget.core.config import options as opt
 from allocconf_widget.core.config.conf import conf_from_values, format_value, parse_conf
 from allocconf_widget.core.config.envvars import snippets, variable_to_write
 from allocconf_widget.core.config.plan import Action, OptionPlan
+from allocconf_widget.core.units import format_bytes
+
+MIB = 1 << 20
+#: Values tried, in order, when ticking a size whose default is not a number ("unlimited").
+_TICK_SIZES_MB = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+#: What a ticked row starts at when torch's default cannot be written as a value.
+_TICK_FALLBACK = {
+    opt.Kind.FRACTION: "0.8",
+    opt.Kind.ROUNDUP: "4",
+    opt.Kind.COUNT: "1",
+    opt.Kind.BACKEND: "native",
+    opt.Kind.RESERVE: "0.5",
+}
 
 
 @dataclass(frozen=True)
@@ -34,6 +54,7 @@ class DraftStatus:
     warnings: tuple[str, ...]
     plans: tuple[OptionPlan, ...]
     has_changes: bool = False
+    error_option: str | None = None  # the row the error is about, when it is about one
 
     @property
     def restart_needed(self) -> bool:
@@ -55,6 +76,7 @@ class PanelModel:
         self.specs: tuple[opt.OptionSpec, ...] = tuple(opt.options_for(self.version))
         self.draft: dict[str, str | None] = {}
         self._error: AllocConfError | None = None
+        self.device_total = device_total_bytes(self.view.state)
         self.reload()
 
     # -- reading ----------------------------------------------------------------
@@ -84,26 +106,78 @@ class PanelModel:
             error = self._error
         variable = variable_to_write(self.version, self.state.env.set_vars)
         if error is not None:
-            return DraftStatus(text, variable, str(error), (), ())
+            option = error.option if error.option in self.draft else None
+            return DraftStatus(text, variable, error_text(error), (), (), error_option=option)
         conf = parse_conf(text, self.version, warn=False)
         view = self.session.view()
-        return DraftStatus(conf.to_string(), variable, None,
-                           tuple(str(w) for w in conf.warnings), view.plans, view.has_changes)
+        warnings = tuple(str(w) for w in conf.warnings) + self.size_warnings()
+        return DraftStatus(conf.to_string(), variable, None, warnings, view.plans, view.has_changes)
+
+    def size_warnings(self) -> tuple[str, ...]:
+        """Device-memory sizes larger than the GPU (none without a GPU: nothing to compare with)."""
+        if not self.device_total:
+            return ()
+        out = []
+        with self.lock:
+            items = [(k, v) for k, v in self.draft.items() if v is not None]
+        for name, value in items:
+            spec = opt.spec_for(name)
+            if spec is None or spec.kind is not opt.Kind.SIZE_MB or name.startswith("pinned_"):
+                continue
+            try:
+                size = int(value) * MIB
+            except ValueError:
+                continue
+            if size > self.device_total:
+                out.append(f"{name}:{value} is {format_bytes(size)}, more than this GPU's "
+                           f"{format_bytes(self.device_total)}: check the unit (MiB)")
+        return tuple(out)
 
     # -- editing ----------------------------------------------------------------
     def set_option(self, name: str, value: str | None) -> str | None:
-        """Set (text) or unset (None) one option; returns the error message, or None if valid."""
+        """Set (text) or unset (None) one option; returns the error message, or None if valid.
+
+        Ticking an unset option (``None`` before, a value now) stages :meth:`tick_value`
+        instead of whatever the row happened to show.
+        """
         with self.lock:
+            if value is not None and self.draft.get(name) is None:
+                value = self.tick_value(name, value)
             self.draft[name] = value
             try:
                 conf = conf_from_values({k: v for k, v in self.draft.items() if v is not None},
                                         self.version)
             except AllocConfError as exc:
                 self._error = exc
-                return str(exc)
+                return error_text(exc)
             self._error = None
         self.session.stage(conf, eager=False)
         return None
+
+    def tick_value(self, name: str, shown: str) -> str:
+        """The value a newly ticked option starts at: valid with the rest of the draft."""
+        spec = opt.spec_for(name)
+        if spec is None:
+            return shown
+        tries: list[str] = []
+        default = default_number(spec)
+        if spec.kind is opt.Kind.BOOL:
+            tries.append("False" if spec.default == "True" else "True")
+        elif default is not None:
+            tries.append(default)
+        if spec.kind is opt.Kind.SIZE_MB:
+            tries += [str(n) for n in _TICK_SIZES_MB]
+        elif default is None and spec.kind in _TICK_FALLBACK:
+            tries.append(_TICK_FALLBACK[spec.kind])
+        tries.append(shown)
+        others = {k: v for k, v in self.draft.items() if v is not None and k != name}
+        for candidate in tries:
+            try:
+                conf_from_values({**others, name: candidate}, self.version)
+            except AllocConfError:
+                continue
+            return candidate
+        return tries[0]
 
     def apply(self) -> ApplyResult:
         """Apply the (valid) draft and save it; raises AllocConfError if the draft is invalid."""
@@ -129,10 +203,38 @@ class PanelModel:
         """The resulting string, validation message and per-option plan as HTML."""
         parts = [f"<code>{html.escape(status.variable)}={html.escape(status.text)!s}</code>"]
         if status.error:
-            parts.append(f"<span style='color:#b00020'>✖ {html.escape(status.error)}</span>")
+            where = f"<b>{html.escape(status.error_option)}</b>: " if status.error_option else ""
+            parts.append(f"<span style='color:#b00020'>✖ {where}{html.escape(status.error)}</span>")
         parts += [f"<span style='color:#8a6d00'>⚠ {html.escape(w)}</span>" for w in status.warnings]
         for plan in status.plans:
             parts.append(f"• {html.escape(str(plan))}")
         if not status.error and not status.has_changes:
             parts.append("No changes to apply.")
         return "<br>".join(parts)
+
+
+def error_text(exc: AllocConfError) -> str:
+    """The message without a character position: the panel points at the row instead."""
+    return f"{exc.reason}. Fix: {exc.fix}" if exc.fix else exc.reason
+
+
+def default_number(spec: opt.OptionSpec) -> str | None:
+    """Torch's default as a value the option accepts ("20", "1.0"), or None ("unlimited", "off")."""
+    head = spec.default.split(" ", 1)[0]
+    if spec.kind in (opt.Kind.SIZE_MB, opt.Kind.COUNT) and head.isdigit():
+        return head
+    if spec.kind is opt.Kind.FRACTION:
+        try:
+            float(head)
+        except ValueError:
+            return None
+        return head
+    if spec.kind in (opt.Kind.BOOL, opt.Kind.BACKEND):
+        return spec.default
+    return None
+
+
+def device_total_bytes(state: RuntimeState) -> int | None:
+    """The largest GPU's memory as NVML reports it (None on a machine without one)."""
+    gpus = state.gpus
+    return max((g.total_bytes for g in gpus), default=None) if gpus else None

@@ -22,11 +22,11 @@ def test_panel_edit_validate_apply():
     panel = Panel(Session())
     row = panel._rows["max_split_size_mb"]
     row.enabled.value = True
-    row.editor.children[1].value = 8  # the exact-number box: torch needs at least 20
+    row.editor.children[1].value = "8"  # the exact-number box: torch needs at least 20
     assert "too small" in panel.status.value
     assert panel.apply_button.disabled
     assert "PYTORCH_ALLOC_CONF" not in os.environ
-    row.editor.children[1].value = 1024
+    row.editor.children[1].value = "1024"
     assert "max_split_size_mb:1024" in panel.status.value and not panel.apply_button.disabled
     panel._apply_clicked(None)
     assert os.environ["PYTORCH_ALLOC_CONF"] == "max_split_size_mb:1024"

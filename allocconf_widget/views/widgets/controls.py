@@ -3,9 +3,15 @@
 Only core ipywidgets (7.6 … 8.x), so the panel renders in Colab without a
 custom widget manager. Each row has a "set" checkbox: unchecked is the visible
 *default (unset)* state, distinct from any value (an unset ``max_split_size_mb``
-is "unlimited", which no slider position can express). Rows report edits
-through one callback ``on_change(name, text_or_None)``; they never validate
-or apply anything themselves.
+is "unlimited", which no slider position can express). An unticked row shows
+torch's default in its editor ("unlimited" in the number box, ``False`` on a
+switch, the slider at 1.0 for ``per_process_memory_fraction``), never a made-up
+value. Size sliders move in powers of two and have no readout of their own: the
+number box beside them is the one readout, so the two can never disagree (a
+value beyond the slider's range just pins the handle to its end). Rows report
+edits through one callback ``on_change(name, text_or_None)``; they never
+validate or apply anything themselves (ticking stages the value the model picks,
+see ``PanelModel.tick_value``).
 """
 
 from __future__ import annotations
@@ -13,8 +19,10 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from allocconf_widget.app.panel_draft import default_number
 from allocconf_widget.core.config import options as opt
 
 OnChange = Callable[[str, "str | None"], None]
@@ -34,6 +42,16 @@ def _label(spec: opt.OptionSpec, width: str = "280px") -> Any:
                   layout=W.Layout(width=width))
 
 
+@dataclass(frozen=True)
+class Editor:
+    """One option's value widget and how to read it, write it and show torch's default in it."""
+
+    widget: Any
+    read: Callable[[], str]
+    write: Callable[[str], None]
+    show_default: Callable[[], None]
+
+
 class OptionRow:
     """The widgets of one option: set-checkbox, name with tooltip, value editor, hint."""
 
@@ -43,14 +61,19 @@ class OptionRow:
         self.spec = spec
         self._on_change = on_change
         self._quiet = False
+        self._error: str | None = None
         self.enabled = W.Checkbox(value=value is not None, indent=False,
                                   layout=W.Layout(width="28px"))
         self.enabled.add_class("allocconf-set")
         self.hint = W.HTML(layout=W.Layout(width="300px"))
-        self.editor, self._read, self._write = _editor_for(spec)
+        self.hint.add_class("allocconf-hint")
+        self._editor = _editor_for(spec)
+        self.editor = self._editor.widget
         self.editor.layout.width = "430px"  # one column for every editor, so hints line up
         if value is not None:
-            self._write(value)
+            self._editor.write(value)
+        else:
+            self._editor.show_default()
         self.enabled.observe(self._changed, names="value")
         for widget in _leaves(self.editor):
             widget.observe(self._changed, names="value")
@@ -60,18 +83,26 @@ class OptionRow:
 
     def value(self) -> str | None:
         """The row's text value, or None when unset."""
-        return self._read() if self.enabled.value else None
+        return self._editor.read() if self.enabled.value else None
 
     def show(self, value: str | None) -> None:
-        """Display ``value`` without reporting it back as an edit."""
+        """Display ``value`` (None: torch's default) without reporting it back as an edit."""
         self._quiet = True
         try:
             self.enabled.value = value is not None
             if value is not None:
-                self._write(value)
+                self._editor.write(value)
+            else:
+                self._editor.show_default()
             self._sync_enabled()
         finally:
             self._quiet = False
+
+    def mark_error(self, message: str | None) -> None:
+        """Show the draft's error on this row (None: this row is fine)."""
+        if message != self._error:
+            self._error = message
+            self._sync_enabled()
 
     def _sync_enabled(self) -> None:
         unset = not self.enabled.value
@@ -79,6 +110,12 @@ class OptionRow:
             widget.disabled = unset
         kind = self.spec.unit or self.spec.kind.value
         style = "font-size:90%;color:#666"
+        if self._error is not None and not unset:
+            self.hint.value = (f"<span style='font-size:90%;color:#b00020'>✖ "
+                               f"{html.escape(self._error)}</span>")
+            self.box.add_class("allocconf-row-error")
+            return
+        self.box.remove_class("allocconf-row-error")
         self.hint.value = (f"<span style='{style}'><i>default (unset): "
                            f"{html.escape(self.spec.default)}</i></span>" if unset
                            else f"<span style='{style}'>{html.escape(kind)}</span>")
@@ -97,8 +134,8 @@ def _leaves(widget: Any) -> list[Any]:
     return [leaf for child in children for leaf in _leaves(child)]
 
 
-def _editor_for(spec: opt.OptionSpec) -> tuple[Any, Callable[[], str], Callable[[str], None]]:
-    """(widget, read text, write text) for the option's kind."""
+def _editor_for(spec: opt.OptionSpec) -> Editor:
+    """The editor for the option's kind."""
     builders = {
         opt.Kind.SIZE_MB: _size_editor,
         opt.Kind.BOOL: _bool_editor,
@@ -110,110 +147,129 @@ def _editor_for(spec: opt.OptionSpec) -> tuple[Any, Callable[[], str], Callable[
     return builders.get(spec.kind, _text_editor)(spec)
 
 
-def _size_editor(spec: opt.OptionSpec) -> tuple[Any, Callable[[], str], Callable[[str], None]]:
-    """Log-scale slider (base 2) plus an exact number box, kept in step."""
+def _size_editor(spec: opt.OptionSpec) -> Editor:
+    """Log-scale slider in powers of two plus the exact number box (the one readout)."""
     import ipywidgets as W
 
     low, high = spec.slider or (1, 65536)
-    # start the scale at the power of two at or below the bound, so every power of two is a
+    # the scale starts at the power of two at or below the bound, so every power of two is a
     # slider position (and the few positions below the bound show torch's error inline)
-    slider = W.FloatLogSlider(value=512 if low <= 512 <= high else low, base=2,
-                              min=math.floor(math.log2(max(low, 1))), max=math.log2(high), step=0.25,
-                              readout=True, readout_format=".0f", continuous_update=False,
+    slider = W.FloatLogSlider(value=2 ** math.floor(math.log2(max(low, 1))), base=2,
+                              min=math.floor(math.log2(max(low, 1))), max=math.floor(math.log2(high)),
+                              step=1, readout=False, continuous_update=False,
                               layout=W.Layout(width="300px"))
-    exact = W.IntText(value=round(slider.value), layout=W.Layout(width="110px"))
+    exact = W.Text(value=str(round(slider.value)), continuous_update=False,
+                   layout=W.Layout(width="110px"))
     syncing = [False]
 
     def slider_to_box(change: Any) -> None:
         if not syncing[0]:
             syncing[0] = True
-            exact.value = round(change["new"])
+            exact.value = str(round(change["new"]))
             syncing[0] = False
 
     def box_to_slider(change: Any) -> None:
-        if not syncing[0] and change["new"] > 0:
+        text = str(change["new"]).strip()
+        if not syncing[0] and text.isdigit() and int(text) > 0:
             syncing[0] = True
-            slider.value = min(max(float(change["new"]), 2 ** slider.min), 2 ** slider.max)
+            slider.value = min(max(float(int(text)), 2 ** slider.min), 2 ** slider.max)
             syncing[0] = False
 
     slider.observe(slider_to_box, names="value")
     exact.observe(box_to_slider, names="value")
     slider.add_class("allocconf-slider")
     exact.add_class("allocconf-exact")
-    box = W.HBox([slider, exact])
 
     def write(text: str) -> None:
-        exact.value = int(text)
+        exact.value = text
 
-    return box, lambda: str(exact.value), write
+    def show_default() -> None:
+        number = default_number(spec)
+        if number is not None:
+            exact.value = number
+            return
+        syncing[0] = True
+        slider.value = 2 ** slider.max  # "unlimited": the far end, and the box says so
+        exact.value = spec.default.split(" ", 1)[0]
+        syncing[0] = False
+
+    return Editor(W.HBox([slider, exact]), lambda: str(exact.value).strip(), write, show_default)
 
 
-def _bool_editor(_spec: opt.OptionSpec) -> tuple[Any, Callable[[], str], Callable[[str], None]]:
+def _bool_editor(spec: opt.OptionSpec) -> Editor:
     import ipywidgets as W
 
-    toggle = W.ToggleButtons(options=["True", "False"], value="True",
+    toggle = W.ToggleButtons(options=["True", "False"], value=spec.default
+                             if spec.default in ("True", "False") else "False",
                              style={"button_width": "70px"})
 
     def write(text: str) -> None:
         toggle.value = text
 
-    return toggle, lambda: str(toggle.value), write
+    def show_default() -> None:
+        toggle.value = spec.default if spec.default in ("True", "False") else "False"
+
+    return Editor(toggle, lambda: str(toggle.value), write, show_default)
 
 
-def _fraction_editor(spec: opt.OptionSpec) -> tuple[Any, Callable[[], str], Callable[[str], None]]:
+def _fraction_editor(spec: opt.OptionSpec) -> Editor:
     import ipywidgets as W
 
-    start = 0.8 if spec.name == "garbage_collection_threshold" else 0.9
-    slider = W.FloatSlider(value=start, min=0.0, max=1.0, step=0.01, readout_format=".2f",
+    slider = W.FloatSlider(value=0.0, min=0.0, max=1.0, step=0.01, readout_format=".2f",
                            continuous_update=False, layout=W.Layout(width="372px"))
 
     def write(text: str) -> None:
+        slider.readout = True
         slider.value = float(text)
 
-    return slider, lambda: repr(round(float(slider.value), 4)), write
+    def show_default() -> None:
+        number = default_number(spec)
+        if number is None:  # "off": no position means off, so the slider shows no number
+            slider.readout = False
+            slider.value = 0.0
+        else:
+            write(number)
+
+    return Editor(slider, lambda: repr(round(float(slider.value), 4)), write, show_default)
 
 
-def _backend_editor(_spec: opt.OptionSpec) -> tuple[Any, Callable[[], str], Callable[[str], None]]:
+def _dropdown_editor(options: list[str], default: str, width: str) -> Editor:
     import ipywidgets as W
 
-    dropdown = W.Dropdown(options=["native", "cudaMallocAsync"], value="native",
-                          layout=W.Layout(width="200px"))
+    dropdown = W.Dropdown(options=options, value=default, layout=W.Layout(width=width))
 
     def write(text: str) -> None:
         if text not in dropdown.options:
             dropdown.options = [*dropdown.options, text]
         dropdown.value = text
 
-    return dropdown, lambda: str(dropdown.value), write
+    return Editor(dropdown, lambda: str(dropdown.value), write, lambda: write(default))
 
 
-def _count_editor(_spec: opt.OptionSpec) -> tuple[Any, Callable[[], str], Callable[[str], None]]:
-    import ipywidgets as W
-
-    dropdown = W.Dropdown(options=list(_POW2), value="1", layout=W.Layout(width="120px"))
-
-    def write(text: str) -> None:
-        if text not in dropdown.options:
-            dropdown.options = [*dropdown.options, text]
-        dropdown.value = text
-
-    return dropdown, lambda: str(dropdown.value), write
+def _backend_editor(spec: opt.OptionSpec) -> Editor:
+    return _dropdown_editor(["native", "cudaMallocAsync"], spec.default, "200px")
 
 
-def _roundup_editor(_spec: opt.OptionSpec) -> tuple[Any, Callable[[], str], Callable[[str], None]]:
+def _count_editor(spec: opt.OptionSpec) -> Editor:
+    return _dropdown_editor(list(_POW2), default_number(spec) or "1", "120px")
+
+
+def _roundup_editor(_spec: opt.OptionSpec) -> Editor:
     """Both forms: one division count for every size, or a per-band list."""
     import ipywidgets as W
 
     form = W.Dropdown(options=["one value", "per band"], value="one value",
                       layout=W.Layout(width="110px"))
     uniform = W.Dropdown(options=_POW2[1:], value="4", layout=W.Layout(width="70px"))
-    bands = W.Text(value="[256:1,512:2,>:8]", placeholder="[256:1,512:2,>:8]",
+    bands = W.Text(value="", placeholder="[256:1,512:2,>:8]",
                    continuous_update=False, layout=W.Layout(width="170px"))
 
     def read() -> str:
         return str(uniform.value) if form.value == "one value" else str(bands.value).strip()
 
     def write(text: str) -> None:
+        if "off" in uniform.options:
+            uniform.options = [o for o in uniform.options if o != "off"]
         if text.startswith("["):
             form.value = "per band"
             bands.value = text
@@ -223,16 +279,28 @@ def _roundup_editor(_spec: opt.OptionSpec) -> tuple[Any, Callable[[], str], Call
                 uniform.options = [*uniform.options, text]
             uniform.value = text
 
-    return W.HBox([form, uniform, bands]), read, write
+    def show_default() -> None:  # torch's default: no rounding
+        form.value = "one value"
+        if "off" not in uniform.options:
+            uniform.options = ["off", *uniform.options]
+        uniform.value = "off"
+        bands.value = ""
+
+    return Editor(W.HBox([form, uniform, bands]), read, write, show_default)
 
 
-def _text_editor(spec: opt.OptionSpec) -> tuple[Any, Callable[[], str], Callable[[str], None]]:
+def _text_editor(spec: opt.OptionSpec) -> Editor:
     import ipywidgets as W
 
-    placeholder = "0.5 or 40G" if spec.kind is opt.Kind.RESERVE else "[name:0.5]"
-    text = W.Text(value=placeholder, continuous_update=False, layout=W.Layout(width="200px"))
+    example = "0.5 or 40G" if spec.kind is opt.Kind.RESERVE else "[name:0.5]"
+    text = W.Text(value="", placeholder=example, continuous_update=False,
+                  layout=W.Layout(width="200px"))
 
     def write(value: str) -> None:
         text.value = value
 
-    return text, lambda: str(text.value).strip(), write
+    def show_default() -> None:
+        text.value = ""
+        text.placeholder = f"default: {spec.default}"
+
+    return Editor(text, lambda: str(text.value).strip(), write, show_default)

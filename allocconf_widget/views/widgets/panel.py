@@ -16,7 +16,9 @@ showing the panel starts no sampler thread.
 from __future__ import annotations
 
 import html
+import json
 import threading
+import uuid
 from typing import Any
 
 from allocconf_widget._errors import AllocConfError
@@ -51,6 +53,12 @@ class Panel:
         self.snippet_button.add_class("allocconf-snippet")
         self.snippet_area = W.Textarea(layout=W.Layout(width="100%", height="130px", display="none"))
         self.snippet_area.add_class("allocconf-snippet-text")
+        self._copy_id = uuid.uuid4().hex[:12]
+        self.snippet_note = W.HTML()
+        self.snippet_note.add_class("allocconf-snippet-note")
+        # where the copy script runs: front ends that render JavaScript outputs (JupyterLab,
+        # Notebook 7, Colab) execute it; elsewhere nothing happens and the text area remains
+        self._clipboard = W.Output(layout=W.Layout(display="none"))
         self.result = W.HTML()
         self.result.add_class("allocconf-result")
         self.apply_button.on_click(self._apply_clicked)
@@ -66,7 +74,9 @@ class Panel:
             self.banner,
             self.status,
             W.HBox([self.apply_button, self.restart_button, self.snippet_button]),
+            self.snippet_note,
             self.snippet_area,
+            self._clipboard,
             self.result,
             FlightToggle().widget,
             groups,
@@ -92,6 +102,8 @@ class Panel:
     def _refresh_status(self) -> None:
         status = self.model.status()
         self.status.value = self.model.status_html(status)
+        for name, row in self._rows.items():  # the error is shown on the row it is about
+            row.mark_error(status.error if name == status.error_option else None)
         self.apply_button.disabled = not status.can_apply
         self.restart_button.layout.display = "" if self._restart_worthwhile(status) else "none"
 
@@ -130,10 +142,22 @@ class Panel:
 
     def _snippet_clicked(self, _button: Any) -> None:
         snips = self.model.snippets()
-        self.snippet_area.value = (f"# notebook cell, before `import torch`\n{snips['magic']}\n\n"
-                                   f"# Python, before `import torch`\n{snips['python']}\n\n"
-                                   f"# shell\n{snips['shell']}\n")
+        text = (f"# notebook cell, before `import torch`\n{snips['magic']}\n\n"
+                f"# Python, before `import torch`\n{snips['python']}\n\n"
+                f"# shell\n{snips['shell']}\n")
+        self.snippet_area.value = text
         self.snippet_area.layout.display = ""
+        self.snippet_note.value = (f"<span class='allocconf-copy-{self._copy_id}'>The lines are below; "
+                                   "copy them from there if your browser did not let the panel "
+                                   "put them on the clipboard.</span>")
+        self._copy_to_clipboard(text)
+
+    def _copy_to_clipboard(self, text: str) -> None:
+        """Ask the browser to copy ``text`` (the click is the user gesture it requires)."""
+        from IPython.display import Javascript
+
+        self._clipboard.outputs = ()
+        self._clipboard.append_display_data(Javascript(copy_script(text, self._copy_id)))
 
     def _session_changed(self) -> None:
         """The magic (or another panel) changed the staged settings: show them."""
@@ -206,3 +230,18 @@ def _print_text_panel(session: Session) -> None:
         print(f"  {spec.name.ljust(width)}  {shown}")
     print("No widgets in a terminal: use %allocconf set k=v …, %allocconf apply, "
           "%allocconf show (see %allocconf?).")
+
+
+def copy_script(text: str, copy_id: str) -> str:
+    """JavaScript that puts ``text`` on the clipboard and says in the panel whether it could."""
+    note = json.dumps(f".allocconf-copy-{copy_id}")
+    return (f"(function() {{\n"
+            f"  const note = document.querySelector({note});\n"
+            f"  const say = (t) => {{ if (note) note.textContent = t; }};\n"
+            f"  if (!navigator.clipboard) {{ say('This page cannot use the clipboard: copy the "
+            f"lines below.'); return; }}\n"
+            f"  navigator.clipboard.writeText({json.dumps(text)}).then(\n"
+            f"    () => say('Copied to the clipboard (the lines are below too).'),\n"
+            f"    (e) => say('The browser did not allow copying (' + e.name + '): copy the lines "
+            f"below.'));\n"
+            f"}})();")
