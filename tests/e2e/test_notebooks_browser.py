@@ -43,7 +43,7 @@ def test_quickstart_runs_and_its_panel_applies(jupyter_server, browser_page):
     panel.scroll_into_view_if_needed()
     row = find_widget(panel, "opt-max-split-size-mb")
     set_toggle(row, "allocconf-set", True)
-    set_slider(row, "allocconf-slider", 1024)
+    set_slider(row, "allocconf-slider", 10)  # the handle's position is the exponent: 2**10 MiB
     wait_for_text(panel, "allocconf-status", re.compile(r"max_split_size_mb:1024"))
     click_button(panel, name="apply")
     nb.wait_for_value("os.environ.get('PYTORCH_ALLOC_CONF')",

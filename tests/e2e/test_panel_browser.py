@@ -55,8 +55,9 @@ def test_move_slider_apply_reaches_the_kernel_environment(notebook_page):
     row = _row(panel, "max_split_size_mb")
     assert "default (unset)" in row.inner_text()
     set_toggle(row, "allocconf-set", True)
-    set_slider(row, "allocconf-slider", 1024)
+    set_slider(row, "allocconf-slider", 10)  # a log slider's handle position is the exponent: 2**10
     wait_for_text(panel, "allocconf-status", re.compile(r"max_split_size_mb:1024"))
+    assert row.locator(".allocconf-exact input").first.input_value() == "1024"  # its one readout
     assert nb.getenv(VAR) is None  # editing stages only; Apply writes
     shot = screenshot(nb.page, "panel-lab")
     if os.environ.get("ALLOCCONF_UPDATE_DOCS_IMAGES"):
@@ -148,10 +149,12 @@ def test_every_apply_path_leaves_the_settings_tab_showing_the_session(notebook_p
     # 3. a What-if row's Apply
     panel.locator(".lm-TabBar-tab, .p-TabBar-tab").filter(has_text="What if?").first.click()
     click_button(panel, name="whatif-run", timeout=20)
-    apply_buttons = panel.locator(".allocconf-whatif-apply:not([disabled])")
-    wait_until(lambda: apply_buttons.count() > 0, timeout=60, what="What-if rows with Apply")
-    apply_buttons.first.click()
-    text = wait_for_text(panel, "whatif-result", re.compile(r"Applied (.+?)\."), timeout=20)
+    rows = panel.locator(".allocconf-whatif-row")
+    wait_until(lambda: rows.count() > 0, timeout=60, what="What-if rows")
+    row = rows.filter(has=panel.page.locator(".allocconf-whatif-apply:not([disabled])")).first
+    row.locator(".allocconf-whatif-apply").click()
+    click_button(row, name="whatif-confirm")  # the confirm step names what changes
+    text = wait_for_text(row, "whatif-result", re.compile(r"Applied (.+?)\."), timeout=20)
     applied = re.search(r"Applied (.+?)\.", text).group(1)  # type: ignore[union-attr]
     applied = "" if applied == "(torch defaults)" else applied
     assert nb.getenv(VAR) == (applied or None)

@@ -229,8 +229,8 @@ class WhatIfView:
         runs = _runs(rec)
         self.charts.children = self._charts(runs)
         self._rows = [self._row(cand) for cand in rec.candidates]
+        self._mark_rows()  # before they are shown: no row ever appears with the wrong Apply state
         self.rows.children = [row.box for row in self._rows]
-        self._mark_rows()
 
     def _row(self, cand: Any) -> _Row:
         import ipywidgets as W
