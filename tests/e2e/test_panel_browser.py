@@ -164,8 +164,9 @@ def test_every_apply_path_leaves_the_settings_tab_showing_the_session(notebook_p
     # the row's memory options replace the others; release_lock_on_cudamalloc, which the
     # replay does not model, is kept (and the confirm step said so)
     assert "keeps release_lock_on_cudamalloc" in text
-    expected = nb.value(f"parse_conf({','.join(filter(None, [applied, 'release_lock_on_cudamalloc:True']))!r})"
-                        ".to_string()", setup="from allocconf_widget.core.config.conf import parse_conf")
+    wanted = ",".join(filter(None, [applied, "release_lock_on_cudamalloc:True"]))
+    expected = nb.value(f"parse_conf({wanted!r}).to_string()",
+                        setup="from allocconf_widget.core.config.conf import parse_conf")
     assert nb.getenv(VAR) == expected
     panel.locator(".lm-TabBar-tab, .p-TabBar-tab").filter(has_text="Settings").first.click()
     _assert_panel_shows(panel, expected)
