@@ -64,8 +64,18 @@ def _box(panel, name: str) -> str:
 
 
 def _docs_image(nb, locator, name: str) -> None:
-    path = screenshot(nb.page, f"{name}-only")
-    locator.screenshot(path=str(path))
+    """A screenshot of ``locator`` alone, in a window tall enough to hold all of it."""
+    size = nb.page.viewport_size
+    box = locator.first.bounding_box()
+    if size is not None and box is not None and box["height"] + 300 > size["height"]:
+        nb.page.set_viewport_size({"width": size["width"], "height": int(box["height"]) + 400})
+    try:
+        locator.first.scroll_into_view_if_needed()
+        path = screenshot(nb.page, f"{name}-only")
+        locator.first.screenshot(path=str(path))
+    finally:
+        if size is not None:
+            nb.page.set_viewport_size(size)
     if os.environ.get("ALLOCCONF_UPDATE_DOCS_IMAGES"):
         shutil.copy(path, ROOT / "docs" / "images" / f"{name}.png")
 

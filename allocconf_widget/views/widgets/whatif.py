@@ -39,7 +39,8 @@ def _runs(recommendation: Any, limit: int = 6) -> list[tuple[str, list[float], l
     runs = []
     for cand in recommendation.candidates[:limit]:
         series = cand.result.series
-        runs.append((cand.conf or "(defaults)", [float(i) for i in series.event_index],
+        label = (cand.conf or "(torch defaults)") + (" (this kernel)" if cand.is_current else "")
+        runs.append((label, [float(i) for i in series.event_index],
                      [float(v) for v in series.reserved_bytes], float(cand.result.peak_reserved_bytes),
                      cand.result.oom is not None))
     return runs
