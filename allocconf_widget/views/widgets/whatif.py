@@ -348,6 +348,7 @@ class WhatIfView:
         self._mark_rows()
 
     def close(self) -> None:
-        """Stop following the Session."""
+        """Stop following the Session (and let the trace decoding started by the tab end)."""
         self._unsubscribe()
+        self._warm.join(timeout=10)
 
