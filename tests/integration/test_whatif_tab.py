@@ -65,8 +65,9 @@ def test_row_apply_says_what_changes_waits_for_a_yes_and_answers_under_the_row()
     assert os.environ[VAR] == "max_split_size_mb:128,release_lock_on_cudamalloc:True"
     assert row.result.value.startswith("<b>Applied max_split_size_mb:128.</b>")
     assert row.confirm.layout.display == "none"
-    others = [r.result.value for r in view._rows if r is not row]
-    assert others == [""] * len(others)  # the outcome is next to the row clicked, nowhere else
+    others = [r.result for r in view._rows if r is not row]
+    assert others == [None] * len(others)  # the outcome is next to the row clicked, nowhere else
+    assert row.box.children[-1] is row.result  # right under it
     # the tab follows the Session: this row is now what the kernel runs
     assert row.apply.disabled
     assert not _row(view, "expandable_segments:True").apply.disabled

@@ -111,13 +111,14 @@ def _trace_cache(session: Any) -> Any:
 
 @dataclass
 class _Row:
-    """The widgets of one candidate: Apply, label, the confirm step (built on demand), the outcome."""
+    """The widgets of one candidate: Apply and label; the confirm step and the outcome are built
+    when first needed (fewer widgets to create and send, so the rows appear sooner)."""
 
     conf: str
     is_current: bool
     apply: Any
-    result: Any
     box: Any
+    result: Any = None
     confirm: Any = None
     question: Any = None
     yes: Any = None
@@ -241,11 +242,9 @@ class WhatIfView:
         tag = " <b>(this kernel)</b>" if cand.is_current else ""
         label = W.HTML(f"<code>{html.escape(cand.conf or '(torch defaults)')}</code>{tag} — "
                        f"{html.escape(cand.reason)}", layout=W.Layout(width="85%"))
-        result = W.HTML(layout=W.Layout(margin="0 0 0 84px"))
-        result.add_class("allocconf-whatif-result")
-        box = W.VBox([W.HBox([apply, label]), result])
+        box = W.VBox([W.HBox([apply, label])])
         box.add_class("allocconf-whatif-row")
-        row = _Row(cand.conf, cand.is_current, apply, result, box)
+        row = _Row(cand.conf, cand.is_current, apply, box)
         apply.on_click(lambda _b: self.ask(row))
         return row
 
@@ -264,7 +263,24 @@ class WhatIfView:
         row.yes.on_click(lambda _b: self.apply(row.conf))
         no.on_click(lambda _b: self._hide_confirm(row))
         row.confirm = W.HBox([row.question, row.yes, no], layout=W.Layout(margin="0 0 0 84px"))
-        row.box.children = [row.box.children[0], row.confirm, row.result]
+        self._lay_out(row)
+
+    def _say(self, row: _Row, text: str) -> None:
+        """Show ``text`` (HTML) under the row: the outcome of its Apply, or why it cannot."""
+        import ipywidgets as W
+
+        if row.result is None:
+            if not text:
+                return
+            row.result = W.HTML(layout=W.Layout(margin="0 0 0 84px"))
+            row.result.add_class("allocconf-whatif-result")
+            self._lay_out(row)
+        row.result.value = text
+
+    @staticmethod
+    def _lay_out(row: _Row) -> None:
+        parts = [row.box.children[0], row.confirm, row.result]
+        row.box.children = [part for part in parts if part is not None]
 
     def _mark_rows(self) -> None:
         """Apply is enabled on every row that would change what this kernel runs."""
@@ -304,11 +320,11 @@ class WhatIfView:
         """The confirm step: what Apply would set and unset, with Apply / Cancel under the row."""
         from allocconf_widget.app.simulate import plan_row_apply
 
-        row.result.value = ""
+        self._say(row, "")
         try:
             plan = plan_row_apply(self.session, row.conf)
         except Exception as exc:  # the row's string is not valid for the installed torch
-            row.result.value = _ERROR.format(html.escape(str(exc)))
+            self._say(row, _ERROR.format(html.escape(str(exc))))
             return None
         self._confirm_widgets(row)
         row.question.value = f"{html.escape(plan.describe())}."
@@ -334,12 +350,11 @@ class WhatIfView:
             result = self.session.apply()
         except Exception as exc:  # an invalid candidate for this torch, or torch refusing it
             if row is not None:
-                row.result.value = _ERROR.format(html.escape(str(exc)))
+                self._say(row, _ERROR.format(html.escape(str(exc))))
             return None
         lines = "<br>".join(html.escape(line) for line in result.summary().splitlines())
         if row is not None:
-            row.result.value = (f"<b>Applied {shown}.</b> {html.escape(plan.describe())}."
-                                f"<br>{lines}")
+            self._say(row, f"<b>Applied {shown}.</b> {html.escape(plan.describe())}.<br>{lines}")
         return result
 
     # -- the Session changed (an Apply here, in the Settings tab or by the magic) ----------
