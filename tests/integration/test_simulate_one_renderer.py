@@ -51,3 +51,11 @@ def test_magic_simulate_reports_bad_extra_settings_as_a_usage_error(ip):
 
     with pytest.raises(UsageError, match="max_split_size_mb"):
         ip.run_line_magic("allocconf", f"simulate {TRACE} --conf max_split_size_mb:1")
+
+
+def test_record_without_a_gpu_still_runs_the_cell_and_says_it_did_not_record(ip, capsys):
+    ip.run_cell("ran = []")
+    ip.run_cell_magic("allocconf", "record", "ran.append(1)")
+    out = capsys.readouterr().out
+    assert ip.user_ns["ran"] == [1]  # the user's code ran
+    assert "not recording" in out and "needs a CUDA GPU" in out

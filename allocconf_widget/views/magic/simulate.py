@@ -41,11 +41,21 @@ def run_record(args: argparse.Namespace, ctx: Any) -> Any:
 
     if ctx.cell is None:
         raise RuntimeStateError("record is a cell magic: start the cell with %%allocconf record")
+    recorder = record(max_entries=args.max_entries)
     try:
-        with record(max_entries=args.max_entries) as rec:
-            result = ctx.shell.run_cell(ctx.cell)
-    except RuntimeStateError:
+        rec = recorder.__enter__()
+    except RuntimeStateError as exc:
+        # No GPU to record on: the user's cell still runs (their work is never skipped),
+        # and they are told what the what-if uses instead.
+        print(f"note: not recording: {exc}. Running the cell without recording.")
+        ctx.shell.run_cell(ctx.cell)
+        return None
+    try:
+        result = ctx.shell.run_cell(ctx.cell)
+    except BaseException as exc:
+        recorder.__exit__(type(exc), exc, exc.__traceback__)
         raise
+    recorder.__exit__(None, None, None)
     ctx.session.extras[RECORDING_KEY] = rec
     if args.save and rec.snapshot is not None:
         from allocconf_widget.core.memory.snapshot import save_snapshot
