@@ -155,7 +155,7 @@ def test_restart_with_saved_backend_applies_it():
         from allocconf_widget.adapters import persist
         from allocconf_widget.core.config.conf import parse_conf
         persist.save(parse_conf("backend:cudaMallocAsync", warn=False))   # as Apply did before
-        from allocconf_widget.views.magic.extension.core import restore_saved_settings
+        from allocconf_widget.views.magic.core import restore_saved_settings
         restore_saved_settings()              # what %load_ext does in the new kernel
         import torch
         x = torch.empty(1 << 20, device="cuda")

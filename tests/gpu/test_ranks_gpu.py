@@ -24,7 +24,7 @@ pytestmark = [
 ]
 
 
-def _rank(rank: int, out: str, batches: list[int], fraction: float | None) -> None:
+def _rank(rank: int, out: str, batches: list[int], fraction: float | None, steps: int = 20) -> None:
     import torch
     from torch import nn
 
@@ -39,7 +39,7 @@ def _rank(rank: int, out: str, batches: list[int], fraction: float | None) -> No
         try:
             model = nn.Sequential(nn.Linear(4096, 8192), nn.ReLU(), nn.Linear(8192, 4096)).cuda()
             opt = torch.optim.AdamW(model.parameters())
-            for _ in range(20):
+            for _ in range(steps):
                 x = torch.randn(batches[rank], 4096, device="cuda")
                 opt.zero_grad(set_to_none=True)
                 model(x).square().mean().backward()
@@ -69,9 +69,11 @@ def test_two_ranks_report_their_own_peaks(board, tmp_path):
 
     os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"  # applied before launching
     try:
-        tmp_mp.spawn(_rank, args=(str(tmp_path), [256, 2048], None), nprocs=2, join=True)
+        context = tmp_mp.spawn(_rank, args=(str(tmp_path), [256, 2048], None, 300), nprocs=2, join=False)
     finally:
         del os.environ["PYTORCH_ALLOC_CONF"]
+    while not context.join(timeout=0.05):  # the notebook polls while the ranks run, as the view does
+        board.poll(kernel_settings="expandable_segments:True")
     report = board.poll(kernel_settings="expandable_segments:True")
     views = {v.rank: v for v in report.ranks}
     assert set(views) == {0, 1}, report
