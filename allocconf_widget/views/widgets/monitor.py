@@ -275,7 +275,7 @@ class MonitorView:
         if isinstance(self.source, ReplaySampler):
             state = self.source.status.replace("_", " ")
             if self.source.status == "replay_finished":
-                state += " (Start replays it again)"
+                state += " (Start replays it on a new chart)"
             return state
         if not self.running:
             error = getattr(self.source, "last_error", None)
@@ -346,8 +346,7 @@ class MonitorView:
         self._guarded(self._show_segments)
 
     def _show_segments(self) -> str:
-        from allocconf_widget.core.memory.metrics import segment_metrics
-        from allocconf_widget.views.charts.svg import segment_strip_svg
+        from allocconf_widget.views.charts.segment_svg import segment_map_svg
 
         device = self._device or 0
         if self.recording is not None:
@@ -361,9 +360,8 @@ class MonitorView:
             segments = [s for s in torch_private.trace_free_snapshot(torch)
                         if s.get("device", 0) == device]
             title = f"segments now (GPU {device})"
-        fills = segment_metrics(segments, include_segments=True).segments
-        self.segments.value = segment_strip_svg(fills, title=title)
-        return f"{len(fills)} segments shown below"
+        self.segments.value = segment_map_svg(segments, device=device, title=title)
+        return f"{len(segments)} segments shown below"
 
     def _guarded(self, action: Any) -> None:
         try:
