@@ -97,7 +97,7 @@ def test_apply_writes_environment_and_saves(ip, capsys):
     magic(ip, "set expandable_segments=True", capsys)
     result, out = magic(ip, "apply", capsys)
     assert os.environ[result.variable] == "expandable_segments:True"
-    assert "Saved to" in out
+    assert "Saved for this project to" in out
     assert persist.load().conf.to_string() == "expandable_segments:True"
 
 
@@ -137,7 +137,7 @@ def test_show_reports_state_requested_and_saved(ip, capsys):
     info, out = magic(ip, "show", capsys)
     assert "Runtime:" in out and "torch 2.13" in out
     assert "Requested: expandable_segments:True" in out
-    assert "Saved:" in out and "settings.json" in out
+    assert "Saved:" in out and "this project's saved settings" in out and "projects" in out
     assert info["readback"] is None  # CPU build: nothing live to read back
 
 
@@ -241,7 +241,7 @@ def test_set_before_import_torch_just_works_in_a_fresh_interpreter(tmp_path):
 
 
 def test_forget_that_cannot_delete_is_a_usage_error(ip, xdg_config_home):
-    target = xdg_config_home / "allocconf_widget" / "settings.json"
+    target = persist.settings_path()
     (target / "inside").mkdir(parents=True)  # a directory where the file should be
     with pytest.raises(UsageError, match="cannot be removed"):
         ip.run_line_magic("allocconf", "forget")
