@@ -218,9 +218,11 @@ class ReplaySampler:
         """Where recording time ``t`` is drawn (and played): idle stretches cut to IDLE_KEEP."""
         removed = 0.0
         for cut in self.cuts:
-            if t <= cut.start:
+            if t <= cut.start + IDLE_KEEP:
                 break
-            removed += min(max(0.0, t - cut.start - IDLE_KEEP), cut.removed)
+            if t <= cut.start + cut.seconds:  # inside the cut: every sample at its kept end
+                return cut.start + IDLE_KEEP - removed
+            removed += cut.removed
         return t - removed
 
     def fragmentation(self) -> tuple[float | None, ...]:

@@ -13,7 +13,10 @@ at each sample time of the recorded timeline.
 A block is inactive only after ``free_completed`` (``free_requested`` blocks
 are still pending, as in the snapshot). A history that does not start at the
 beginning of the run (the ring buffer wrapped) or does not add up (a free of a
-block never allocated) gives no figure at all rather than a wrong one.
+block never allocated) gives no figure at all rather than a wrong one. So does
+a history of expandable segments: its ``segment_map`` entries do not say how
+mapped pages join into the runs the snapshot reports (checked against the
+recordings in tests/data, which disagree by whole pages).
 
 Standard library only; linear in the number of trace entries plus, per sample,
 the blocks of the segments that changed since the previous sample.
@@ -26,8 +29,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-_SEGMENT_ADD = frozenset({"segment_alloc", "segment_map"})
-_SEGMENT_REMOVE = frozenset({"segment_free", "segment_unmap"})
+_SEGMENT_ADD = frozenset({"segment_alloc"})
+_SEGMENT_REMOVE = frozenset({"segment_free"})
+_EXPANDABLE = frozenset({"segment_map", "segment_unmap"})
 
 
 class HistoryMismatchError(ValueError):
@@ -91,6 +95,9 @@ class _Layout:
         addr, size = entry.get("addr"), entry.get("size")
         if not isinstance(addr, int) or not isinstance(size, int):
             return
+        if action in _EXPANDABLE:
+            raise HistoryMismatchError("expandable segments: the history does not say how mapped "
+                                       "pages join into segments")
         if action in _SEGMENT_ADD:
             if addr not in self.segments:
                 bisect.insort(self.starts, addr)
@@ -131,6 +138,9 @@ def fragmentation_at(
         raise HistoryMismatchError("the snapshot has no allocation history for this device")
     entries = traces[device]
     first = entries[0] if isinstance(entries[0], Mapping) else {}
+    if first.get("action") in _EXPANDABLE:
+        raise HistoryMismatchError("expandable segments: the history does not say how mapped "
+                                   "pages join into segments")
     if first.get("action") not in _SEGMENT_ADD:
         raise HistoryMismatchError("the allocation history does not start with the first segment "
                               "(it was cut by max_entries)")

@@ -236,8 +236,8 @@ def run_restart(_args: argparse.Namespace, ctx: Any) -> Any:
               "(%allocconf apply first to keep them).")
     print(f"Saved {conf.to_string() or '(torch defaults)'} to {saved.path}; "
           "run %load_ext allocconf_widget first in the new kernel to re-apply it.")
-    outcome = restart()
-    print(outcome.message)
+    outcome = restart(notify=lambda line: print(line, flush=True))
+    print(outcome.message, flush=True)
     return outcome
 
 

@@ -98,6 +98,8 @@ class MonitorView:
         self._last_render = 0.0
         self._last_version: Any = None
         self._note: str | None = None
+        self._link: tuple[str, str] | None = None  # (url, text) of the last export
+        self.last_export: Path | None = None
         self._remove_listener: Any = None
         self._events: list[tuple[str, Any]] = []
         self._oom_seen_at = 0.0
@@ -128,11 +130,12 @@ class MonitorView:
             ("stop", "Stop", "stop sampling; the chart stays", self._on_stop),
             ("segments", "Segments", "show how full each cached segment is (one snapshot)",
              self._on_segments),
-            ("csv", "Export CSV", "write the timeline to ./allocconf-timeline-<time>.csv", self._on_csv),
-            ("json", "Export JSON", "write the timeline to ./allocconf-timeline-<time>.json",
+            ("csv", "Export CSV", "write the timeline to ./allocconf-exports/ (with a download link)",
+             self._on_csv),
+            ("json", "Export JSON", "write the timeline to ./allocconf-exports/ (with a download link)",
              self._on_json),
-            ("snapshot", "Save snapshot", "write a snapshot pickle for pytorch.org/memory_viz",
-             self._on_snapshot),
+            ("snapshot", "Save snapshot", "write a snapshot pickle for pytorch.org/memory_viz into "
+             "./allocconf-exports/", self._on_snapshot),
         ):
             button = widgets.Button(description=text, tooltip=tip)
             button.add_class(f"allocconf-monitor-{name}")
@@ -263,7 +266,7 @@ class MonitorView:
         sample = self.source.latest.get(device) or self.source.latest.get(None)
         self.status.value = status_html(payload=payload, state=self._state_text(),
                                         overhead=self.source.overhead(), sample=sample,
-                                        note=self._note)
+                                        note=self._note, link=self._link)
 
     def _empty_text(self) -> str:
         latest = self.source.latest.get(None)
@@ -314,33 +317,52 @@ class MonitorView:
     def _on_stop(self, _button: Any = None) -> None:
         self.stop()
 
-    def _say(self, note: str) -> None:
+    def _say(self, note: str, link: tuple[str, str] | None = None) -> None:
         with self._lock:
             self._note = note
+            self._link = link
         self.refresh(force=True)
+
+    def _export(self, what: str, write: Any, hint: str = "") -> None:
+        """Write one export into ./allocconf-exports/ and show where, with a download link."""
+        from allocconf_widget.adapters.frontend import download_link
+
+        try:
+            path = Path(write())
+        except Exception as exc:  # show, don't raise into the widget callback machinery
+            self._say(f"failed: {exc}")
+            return
+        self.last_export = path
+        try:
+            shown = path.relative_to(Path.cwd())
+        except ValueError:
+            shown = path
+        link = download_link(path, self.frontend)
+        note = f"{what} written to {shown}{hint}"
+        if link.note:
+            note += f" ({link.note})"
+        self._say(note, (link.url, "download") if link.url else None)
 
     def _on_csv(self, _button: Any = None) -> None:
         from allocconf_widget.app.exports import write_timeline_csv
 
-        self._guarded(lambda: f"timeline written to {write_timeline_csv(self.source.timeline)}")
+        self._export("timeline", lambda: write_timeline_csv(self.source.timeline))
 
     def _on_json(self, _button: Any = None) -> None:
         from allocconf_widget.app.exports import write_timeline_json
 
         meta = {"recording": self.recording.label} if self.recording is not None else {}
-        self._guarded(lambda: "timeline written to "
-                      f"{write_timeline_json(self.source.timeline, meta=meta)}")
+        self._export("timeline", lambda: write_timeline_json(self.source.timeline, meta=meta))
 
     def _on_snapshot(self, _button: Any = None) -> None:
         from allocconf_widget.app.exports import write_live_snapshot, write_snapshot
 
         if self.recording is not None:
             rec = self.recording
-            self._guarded(lambda: f"recording's snapshot written to "
-                          f"{write_snapshot(rec.snapshot(), kind='recording')}")
+            self._export("recording's snapshot",
+                         lambda: write_snapshot(rec.snapshot(), kind="recording"))
         else:
-            self._guarded(lambda: f"snapshot written to {write_live_snapshot()} "
-                          "(open it at pytorch.org/memory_viz)")
+            self._export("snapshot", write_live_snapshot, " (open it at pytorch.org/memory_viz)")
 
     def _on_segments(self, _button: Any = None) -> None:
         self._guarded(self._show_segments)
