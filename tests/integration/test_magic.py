@@ -246,3 +246,45 @@ def test_forget_that_cannot_delete_is_a_usage_error(ip, xdg_config_home):
     with pytest.raises(UsageError, match="cannot be removed"):
         ip.run_line_magic("allocconf", "forget")
     assert target.is_dir()
+
+
+# ----------------------------------------------------------------- conveniences
+
+
+def _completions(ip, line: str) -> list[str]:
+    """What Jupyter's kernel offers at the end of ``line`` (IPython's completions API)."""
+    from IPython.core.completer import provisionalcompleter
+
+    with provisionalcompleter():
+        return [c.text for c in ip.Completer.completions(line, len(line))]
+
+
+def test_tab_completes_subcommands_options_and_values_in_a_real_shell(ip):
+    assert {"set", "apply", "monitor", "simulate", "restart"} <= set(_completions(ip, "%allocconf "))
+    assert _completions(ip, "%allocconf se") == ["set"]
+    assert _completions(ip, "%allocconf set max_sp") == ["max_split_size_mb="]
+    assert _completions(ip, "%allocconf set expandable_segments=") == ["True", "False", "default"]
+    assert _completions(ip, "%allocconf unset garb") == ["garbage_collection_threshold"]
+    assert _completions(ip, "%allocconf monitor --r") == ["--renderer"]
+    assert set(_completions(ip, "%allocconf monitor ")) >= {"start", "stop", "status", "--demo"}
+    assert _completions(ip, "%allocconf apply --g") == ["--global"]
+    assert _completions(ip, "%%allocconf rec") == ["record"]
+    assert "print" in _completions(ip, "pri")  # other lines complete as before
+
+
+def test_windows_paths_keep_their_backslashes(ip, capsys):
+    from allocconf_widget.views.magic.completion import split_args
+
+    assert split_args(r'simulate C:\traces\a.pickle "C:\my traces\b.pickle"') == [
+        "simulate", r"C:\traces\a.pickle", r"C:\my traces\b.pickle"]
+    with pytest.raises(UsageError) as caught:
+        ip.run_line_magic("allocconf", r"simulate C:\traces\a.pickle")
+    assert repr(r"C:\traces\a.pickle") in str(caught.value)  # not C:tracesa.pickle
+
+
+def test_a_pasted_variable_assignment_is_staged_as_its_value(ip, capsys):
+    staged, out = magic(ip, "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", capsys)
+    assert staged.to_string() == "expandable_segments:True"
+    assert "dropped the variable name PYTORCH_CUDA_ALLOC_CONF=" in out
+    with pytest.raises(UsageError, match="did you mean max_split_size_mb"):
+        ip.run_line_magic("allocconf", "set max_split_size=128")

@@ -123,8 +123,15 @@ def _parse_settings(items: list[str]) -> tuple[dict[str, str | None], str | None
 
 
 def run_set(args: argparse.Namespace, ctx: Any) -> Any:
+    from allocconf_widget.core.config.envvars import strip_variable_prefix
+
     session = ctx.session
-    options, whole = _parse_settings(args.settings)
+    items = list(args.settings)
+    pasted, value = strip_variable_prefix(" ".join(items))
+    if pasted is not None:  # a pasted `PYTORCH_CUDA_ALLOC_CONF=a:1`: the name is not an option
+        print(f"note: dropped the variable name {pasted}= and staged only its value")
+        items = [value]
+    options, whole = _parse_settings(items)
     if whole is not None:
         conf = parse_conf(whole, session.state().version, warn=False)
         staged = session.stage(conf if args.replace else session.staged().merge(conf))
