@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from functools import lru_cache
+from collections.abc import Callable
 from typing import Any
 
 MAGIC_NAMES = ("%allocconf", "%%allocconf")
+_Grammar = tuple[tuple[str, ...], dict[str, tuple[str, ...]], tuple[str, ...]]
+_grammars: dict[int, _Grammar] = {}
+_parser_factory: list[Callable[[], argparse.ArgumentParser]] = []
 
 
 def split_args(line: str) -> list[str]:
@@ -32,12 +35,14 @@ def split_args(line: str) -> list[str]:
     return list(lexer)
 
 
-@lru_cache(maxsize=1)
-def _grammar() -> tuple[tuple[str, ...], dict[str, tuple[str, ...]], tuple[str, ...]]:
+def _grammar() -> _Grammar:
     """(subcommands, {subcommand: option strings and positional choices}, top-level options)."""
-    from allocconf_widget.views.magic.extension import build_parser
-
-    parser = build_parser()
+    if not _parser_factory:
+        raise RuntimeError("register_completer() was not called")
+    cached = _grammars.get(0)
+    if cached is not None:
+        return cached
+    parser = _parser_factory[0]()
     top = tuple(s for a in parser._actions for s in a.option_strings if s not in ("-h", "--help"))
     subcommands: dict[str, tuple[str, ...]] = {}
     for action in parser._actions:
@@ -49,7 +54,8 @@ def _grammar() -> tuple[tuple[str, ...], dict[str, tuple[str, ...]], tuple[str, 
                     if not sub_action.option_strings and sub_action.choices:
                         words += [str(c) for c in sub_action.choices]
                 subcommands[name] = tuple(w for w in words if w != "--help")
-    return tuple(subcommands), subcommands, top
+    _grammars[0] = (tuple(subcommands), subcommands, top)
+    return _grammars[0]
 
 
 def _option_words(partial: str) -> list[str]:
@@ -122,8 +128,10 @@ allocconf_matcher.matcher_api_version = 2  # type: ignore[attr-defined]
 allocconf_matcher.matcher_identifier = "allocconf"  # type: ignore[attr-defined]
 
 
-def register_completer(ipython: Any) -> None:
-    """Complete ``%allocconf`` / ``%%allocconf`` in this shell (idempotent)."""
+def register_completer(ipython: Any, build_parser: Callable[[], argparse.ArgumentParser]) -> None:
+    """Complete ``%allocconf`` / ``%%allocconf`` in this shell from ``build_parser()`` (idempotent)."""
+    if not _parser_factory:
+        _parser_factory.append(build_parser)
     completer = getattr(ipython, "Completer", None)
     matchers = getattr(completer, "custom_matchers", None)
     if isinstance(matchers, list):

@@ -102,7 +102,7 @@ def load_extension(ipython: Any) -> None:
     from allocconf_widget.app.session import get_session
 
     ipython.register_magics(_magics_class())
-    register_completer(ipython)
+    register_completer(ipython, build_parser)
     magic_core.restore_saved_settings(print_to=sys.stdout, session=get_session(ipython))
     try:
         from allocconf_widget.views.widgets.oom import install_oom_assistant
