@@ -162,9 +162,9 @@ def test_the_replay_shows_fragmentation_and_cuts_the_idle_start(comms):
     recording_s = load_demo().duration
     assert payload.span[1] < recording_s - 5  # the 6.3 s of set-up shown as 0.5 s
     idle = [m for m in payload.markers if m.kind == "idle"]
-    assert len(idle) == 1 and idle[0].label == "idle 6.3 s (no memory change): skipped"
+    assert len(idle) == 1 and idle[0].label == "idle 6.3 s skipped"
     html = view.chart.widget.value
-    assert "idle 6.3 s (no memory change): skipped" in html  # visible, not only on hover
+    assert "idle 6.3 s skipped" in html  # visible, not only on hover
     assert "external fragmentation <b>89.1%</b>" in html
     assert "fragmentation <b>89.1%</b>" in view.status.value
 

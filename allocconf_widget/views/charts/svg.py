@@ -129,7 +129,7 @@ def _markers(frame: _Frame, markers: Sequence[Marker]) -> list[str]:
             w = max(2.0, frame.px(m.x_end if m.x_end is not None else m.x) - x)
             out.append(f'<g class="allocconf-idle"><rect x="{_num(x)}" y="{top}" width="{_num(w)}" '
                        f'height="{bottom - top}" fill="{COLORS["idle"]}"/>'
-                       f'<text x="{_num(x + w + 3)}" y="{bottom - 6}" fill="{COLORS["note"]}">'
+                       f'<text x="{_num(x + 3)}" y="{top + 11}" fill="{COLORS["note"]}">'
                        f"{escape(m.label)}</text>{title}</g>")
         elif m.kind == "oom":
             out.append(f'<g><line x1="{_num(x)}" x2="{_num(x)}" y1="{top}" y2="{bottom}" '

@@ -123,7 +123,7 @@ class MonitorView:
         self.device_picker.add_class("allocconf-monitor-device")
         self.device_picker.observe(self._on_device, names="value")
         self.segments = widgets.HTML(value="")
-        self.segments.add_class("allocconf-monitor-segments")
+        self.segments.add_class("allocconf-monitor-segmap")
         self.buttons = {}
         for name, text, tip, handler in (
             ("start", "Start", "start (or resume) sampling", self._on_start),
