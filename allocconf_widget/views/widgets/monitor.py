@@ -27,7 +27,7 @@ from typing import Any
 
 from allocconf_widget.adapters import nvml, torch_private
 from allocconf_widget.adapters.frontend import Frontend, detect_frontend
-from allocconf_widget.adapters.replay import ReplaySampler
+from allocconf_widget.adapters.replay import IDLE_SKIP_S, ReplaySampler
 from allocconf_widget.adapters.sampler import OK, Sampler
 from allocconf_widget.core.memory.recording import Recording, load_demo
 from allocconf_widget.views.charts.monitor_render import (
@@ -466,6 +466,7 @@ def start_monitor(
     renderer: str = "auto",
     demo: bool | None = None,
     step_sync: bool = False,
+    skip_idle: bool = True,
 ) -> MonitorView:
     """Start the memory monitor and return its view (display it, or use ``view.widget``).
 
@@ -478,6 +479,8 @@ def start_monitor(
         step_sync: sample once per optimizer step from the training loop's own
             thread (x axis: step); the mode for Colab, where updates sent from a
             background thread may not be drawn.
+        skip_idle: in a replay, cut stretches where no memory counter moved for more than
+            a second (the recording's 6 s of set-up) to half a second, marked on the chart.
 
     A monitor that is already running is stopped first (one at a time).
     """
@@ -491,7 +494,7 @@ def start_monitor(
     recording = load_demo() if replay else None
     source: Sampler | ReplaySampler
     if recording is not None:
-        source = ReplaySampler(recording, interval=interval)
+        source = ReplaySampler(recording, interval=interval, skip_idle=IDLE_SKIP_S if skip_idle else None)
     else:
         source = Sampler(interval=interval, step_sync=step_sync)
     view = MonitorView(source, renderer=renderer, device=device, recording=recording, shell=_shell())
