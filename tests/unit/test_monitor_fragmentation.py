@@ -17,7 +17,7 @@ from allocconf_widget.core.memory.recording import RecordedSample, load_demo
 from allocconf_widget.core.memory.snapshot import load_snapshot
 from allocconf_widget.core.memory.timeline import Timeline
 from allocconf_widget.core.memory.trace_fragmentation import HistoryMismatchError, fragmentation_at
-from allocconf_widget.views.charts.segment_svg import segment_map_svg
+from allocconf_widget.views.charts.segment_svg import segment_panel_html
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 RECORDED = sorted(DATA.glob("*.pickle.gz"))
@@ -125,7 +125,7 @@ def test_the_demo_replay_cuts_its_set_up_and_keeps_every_sample_in_order():
 
 def test_the_segment_map_prints_its_legend_and_figures():
     snapshot = load_demo().snapshot()
-    html = segment_map_svg(snapshot["segments"], title="end of run")
+    html = segment_panel_html(snapshot["segments"], title="end of run")
     truth = segment_metrics(snapshot["segments"])
     assert "allocconf-segmap-legend" in html
     for label in ("allocated", "pending free (other stream)", "free (cached)"):
@@ -133,6 +133,6 @@ def test_the_segment_map_prints_its_legend_and_figures():
     assert f"{truth.segment_count} segments" in html
     assert f"external fragmentation {truth.external_fragmentation:.0%}" in html
     assert "largest free block 1.15 GiB" in html
-    assert html.count('text-anchor="end"') == 16  # 15 largest segments + one summed row
-    assert "smaller, summed" in html
-    assert segment_map_svg([], title="x").endswith("no segments</div>")
+    assert html.count("text-anchor='end'") == 16  # 15 largest segments + one summed row
+    assert "#0 large 1.15 GiB · 0% allocated" in html and "+29 smaller, summed · 4% allocated" in html
+    assert segment_panel_html([], title="x").endswith("no segments</div>")

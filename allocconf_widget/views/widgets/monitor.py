@@ -368,7 +368,7 @@ class MonitorView:
         self._guarded(self._show_segments)
 
     def _show_segments(self) -> str:
-        from allocconf_widget.views.charts.segment_svg import segment_map_svg
+        from allocconf_widget.views.charts.segment_svg import segment_panel_html
 
         device = self._device or 0
         if self.recording is not None:
@@ -382,7 +382,7 @@ class MonitorView:
             segments = [s for s in torch_private.trace_free_snapshot(torch)
                         if s.get("device", 0) == device]
             title = f"segments now (GPU {device})"
-        self.segments.value = segment_map_svg(segments, device=device, title=title)
+        self.segments.value = segment_panel_html(segments, device=device, title=title)
         return f"{len(segments)} segments shown below"
 
     def _guarded(self, action: Any) -> None:
