@@ -107,3 +107,21 @@ def test_restart_saves_what_was_applied_never_staged_edits(kernel):
     out, _, err = kernel.execute("from allocconf_widget.app.session import get_session\n"
                                  "print(get_session().settings_for_restart().to_string())")
     assert err is None and out.strip() == "expandable_segments:True"
+
+
+def _complete(kernel, code: str) -> list[str]:
+    """A ``complete_request`` as JupyterLab sends it on Tab, answered by the real kernel."""
+    msg_id = kernel.client.complete(code, len(code))
+    while True:
+        reply = kernel.client.get_shell_msg(timeout=30)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return list(reply["content"]["matches"])
+
+
+def test_tab_completion_through_the_kernel_offers_only_our_words(kernel):
+    kernel.execute("%load_ext allocconf_widget").check()
+    assert _complete(kernel, "%allocconf se") == ["set"]
+    assert _complete(kernel, "%allocconf set garbage_coll") == ["garbage_collection_threshold="]
+    assert _complete(kernel, "%allocconf set expandable_segments=") == ["True", "False", "default"]
+    assert sorted(_complete(kernel, "%allocconf monitor --de")) == ["--demo", "--device"]
+    assert "print" in _complete(kernel, "pri")  # Python completion is untouched elsewhere
