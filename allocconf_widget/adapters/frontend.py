@@ -18,10 +18,17 @@ import os
 import signal
 import sys
 import threading
+import urllib.error
+import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+REFUSAL_WAIT_S = 1.5
+"""How long a restart request may take to be refused: a refusal (403) comes back in
+milliseconds; an accepted restart answers only once the new kernel is up."""
 
 
 class Frontend(enum.Enum):
@@ -72,15 +79,21 @@ class RestartOutcome:
     message: str
 
 
-def restart(frontend: Frontend | None = None, *, _kill: Any = os.kill) -> RestartOutcome:
+def restart(frontend: Frontend | None = None, *, _kill: Any = os.kill,
+            notify: Callable[[str], None] | None = None) -> RestartOutcome:
     """Restart the kernel the way the front end supports; returns what happened.
 
     Colab: ending the process makes Colab restart the runtime (the usual
     ``os.kill(os.getpid(), 9)``; the notebook stays open). Jupyter server:
     the REST call ``POST /api/kernels/<id>/restart`` (a clean restart, no
-    "kernel died" dialog) when the server can be found, else the kernel asks
-    to be restarted itself. VS Code and terminal IPython: instructions only,
-    because VS Code does not bring a dead kernel back by itself.
+    "kernel died" dialog) when the server can be found, else the kernel ends
+    itself and the server's restarter starts a new one. A server that refuses
+    the request (HTTP 403: a server without a token checks XSRF, which a request
+    from the kernel cannot pass) is detected within :data:`REFUSAL_WAIT_S` and
+    the kernel falls back to ending itself at once, saying so. VS Code and
+    terminal IPython: instructions only, because VS Code does not bring a dead
+    kernel back by itself. ``notify`` gets a line before the wait (the kernel
+    may be gone before this returns).
     """
     frontend = frontend or detect_frontend()
     if frontend is Frontend.COLAB:
@@ -88,12 +101,12 @@ def restart(frontend: Frontend | None = None, *, _kill: Any = os.kill) -> Restar
         return RestartOutcome(frontend, True, "os.kill", "Restarting the Colab runtime: wait for "
                               "'Connected', then run the notebook from the top.")
     if frontend is Frontend.JUPYTER:
-        outcome = _restart_via_server()
+        outcome = _restart_via_server(notify=notify, kill=_kill)
         if outcome is not None:
             return outcome
-        return _self_restart(frontend)
+        return _self_restart(frontend, kill=_kill)
     if frontend is Frontend.HEADLESS:
-        return _self_restart(frontend)
+        return _self_restart(frontend, kill=_kill)
     if frontend is Frontend.VSCODE:
         return RestartOutcome(frontend, False, "manual", "Click 'Restart' in the notebook toolbar "
                               "(VS Code does not restart a kernel that exits by itself).")
@@ -125,7 +138,8 @@ def _servers() -> list[dict[str, Any]]:
         return []
 
 
-def _restart_via_server() -> RestartOutcome | None:
+def _restart_via_server(*, notify: Callable[[str], None] | None = None, kill: Any = os.kill,
+                        wait: float = REFUSAL_WAIT_S) -> RestartOutcome | None:
     kernel = _kernel_id()
     if kernel is None:
         return None
@@ -134,10 +148,19 @@ def _restart_via_server() -> RestartOutcome | None:
         token = str(server.get("token", ""))
         if not base or not _server_has_kernel(base, token, kernel):
             continue
-        threading.Thread(target=_post_restart, args=(base, token, kernel), daemon=True,
-                         name="allocconf-restart").start()
-        return RestartOutcome(Frontend.JUPYTER, True, "server",
-                              "Restarting the kernel through the Jupyter server…")
+        if notify is not None:
+            notify("Asking the Jupyter server to restart this kernel…")
+        request = _RestartRequest(base, token, kernel)
+        refusal = request.refusal(wait)
+        if refusal is None:
+            return RestartOutcome(Frontend.JUPYTER, True, "server",
+                                  "Restarting the kernel through the Jupyter server…")
+        fallback = _self_restart(Frontend.JUPYTER, kill=kill)
+        return RestartOutcome(
+            Frontend.JUPYTER, fallback.started, f"self (server refused: {refusal})",
+            f"The Jupyter server refused the restart request ({refusal}; a server started without "
+            "a token checks XSRF, which a request from the kernel cannot pass). Falling back: "
+            f"{fallback.message}")
     return None
 
 
@@ -156,22 +179,95 @@ def _server_has_kernel(base: str, token: str, kernel: str) -> bool:
         return False
 
 
-def _post_restart(base: str, token: str, kernel: str) -> None:
-    try:
-        urllib.request.urlopen(_request(f"{base}/api/kernels/{kernel}/restart", token, "POST"),
-                               timeout=30).close()
-    except OSError:
-        _self_restart(Frontend.JUPYTER)
+class _RestartRequest:
+    """``POST /api/kernels/<id>/restart`` on a thread: an accepted restart answers only after
+    this kernel is gone, a refusal at once, so the caller waits briefly for a refusal."""
+
+    def __init__(self, base: str, token: str, kernel: str) -> None:
+        self._done = threading.Event()
+        self._refused: str | None = None
+        url = f"{base}/api/kernels/{kernel}/restart"
+        threading.Thread(target=self._post, args=(url, token), daemon=True,
+                         name="allocconf-restart").start()
+
+    def _post(self, url: str, token: str) -> None:
+        try:
+            urllib.request.urlopen(_request(url, token, "POST"), timeout=30).close()
+        except urllib.error.HTTPError as exc:
+            self._refused = f"HTTP {exc.code} {exc.reason}"
+        except OSError as exc:
+            self._refused = f"the request failed: {exc}"
+        finally:
+            self._done.set()
+
+    def refusal(self, wait: float) -> str | None:
+        """Why the server refused, if it answered with an error within ``wait`` seconds."""
+        self._done.wait(wait)
+        return self._refused
 
 
-def _self_restart(frontend: Frontend) -> RestartOutcome:
+def _self_restart(frontend: Frontend, *, kill: Any = os.kill) -> RestartOutcome:
+    """End this kernel so the server's restarter starts a fresh one (at once, never later)."""
     shell = _shell()
     kernel = getattr(shell, "kernel", None)
     if kernel is None:
         return RestartOutcome(frontend, False, "manual", "Restart the kernel from the Kernel menu.")
+    if frontend is Frontend.JUPYTER:
+        # ipykernel 7's do_shutdown is a coroutine that only the kernel's own loop can run, and
+        # shell.ask_exit() waits for the next cell: the kernel then died minutes later, at the
+        # user's next action. Ending the process now lets the server's restarter start a new one.
+        threading.Timer(0.5, kill, args=(os.getpid(), signal.SIGKILL)).start()
+        return RestartOutcome(frontend, True, "self", "this kernel ends now and the server starts "
+                              "a new one (Jupyter may say the kernel 'appears to have died' and "
+                              "restarts it automatically).")
     result = kernel.do_shutdown(restart=True)  # the server's auto-restarter brings a fresh kernel
     if hasattr(result, "close"):  # a coroutine on kernels where do_shutdown is async
         result.close()
         shell.ask_exit()
     return RestartOutcome(frontend, True, "self", "The kernel is shutting down; the server "
                           "restarts it (you may see a 'kernel restarting' notice).")
+
+
+# ----------------------------------------------------------------- download links
+
+
+@dataclass(frozen=True)
+class DownloadLink:
+    """How the user gets an exported file: a URL to click, or a download already started."""
+
+    url: str | None
+    note: str | None = None
+
+
+def download_link(path: Path, frontend: Frontend | None = None) -> DownloadLink:
+    """A link that downloads ``path`` from this front end, when it has one.
+
+    Jupyter: ``<base_url>files/<path relative to the server's root>`` of the server that
+    runs this kernel (what IPython's ``FileLink`` points at, but absolute, so it also works
+    inside a widget). Colab: ``google.colab.files.download`` starts the browser's download
+    (not verifiable outside Colab). Elsewhere: no link, the path is the answer.
+    """
+    frontend = frontend or detect_frontend()
+    if frontend is Frontend.COLAB:
+        try:
+            from google.colab import files  # type: ignore[import-not-found]
+
+            files.download(os.fspath(path))
+        except Exception as exc:  # not in Colab after all, or the browser refused
+            return DownloadLink(None, f"download not started ({type(exc).__name__})")
+        return DownloadLink(None, "download started in your browser")
+    if frontend is not Frontend.JUPYTER:
+        return DownloadLink(None)
+    resolved = path.resolve()
+    for server in _servers():
+        root = server.get("root_dir") or server.get("notebook_dir")
+        if not root:
+            continue
+        try:
+            relative = resolved.relative_to(Path(str(root)).resolve())
+        except ValueError:
+            continue
+        base = str(server.get("base_url") or "/")
+        base = base if base.endswith("/") else base + "/"
+        return DownloadLink(f"{base}files/{urllib.parse.quote(relative.as_posix())}")
+    return DownloadLink(None)

@@ -1,9 +1,20 @@
-"""The saved configuration that survives kernel restarts.
+"""The saved configuration that survives kernel restarts, per project, with a global default.
 
 Environment variables die with the kernel (measured in JupyterLab), so the
-chosen settings are written to ``$XDG_CONFIG_HOME/allocconf_widget/settings.json``
-(default ``~/.config/...``) atomically, and ``%load_ext allocconf_widget`` in
-a fresh kernel re-applies them before torch touches CUDA.
+chosen settings are written atomically under ``$XDG_CONFIG_HOME/allocconf_widget/``
+(default ``~/.config/...``), and ``%load_ext allocconf_widget`` in a fresh
+kernel re-applies them before torch touches CUDA.
+
+Scope: settings tuned for one project must not follow the user into every other
+notebook. So *Apply* saves for the **project** the kernel runs in
+(``projects/<name>-<hash>.json``), and only ``--global`` writes the **global
+default** (``settings.json``), read by projects that saved nothing of their own.
+The project is the nearest folder above the kernel's working directory that
+holds ``.git``, ``pyproject.toml``, ``setup.py`` or ``setup.cfg`` (never the home
+folder itself), else the working directory: Jupyter starts kernels in the
+notebook's folder, so every notebook of a repository shares one project.
+``ALLOCCONF_PROJECT_DIR`` names the project folder explicitly. Nothing is ever
+written into the project folder itself.
 
 A file that is corrupt, hand-edited into nonsense or written for settings
 the installed torch rejects produces a warning and is ignored: it must never
@@ -14,12 +25,15 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import hashlib
 import json
 import os
+import re
 import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from allocconf_widget._errors import AllocConfError, AllocConfWarning
 from allocconf_widget.core.config.conf import AllocConf, parse_conf
@@ -27,16 +41,29 @@ from allocconf_widget.core.versions import VersionLike
 
 FORMAT = 1
 FILE_NAME = "settings.json"
+PROJECTS_DIR = "projects"
+PROJECT_ENV = "ALLOCCONF_PROJECT_DIR"
+PROJECT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
+
+Scope = Literal["project", "global"]
 
 
 @dataclass(frozen=True)
 class SavedSettings:
-    """What was saved: the configuration, for which torch, when."""
+    """What was saved: the configuration, for which torch, when, and for which scope."""
 
     conf: AllocConf
     torch_version: str
     saved_at: str
     path: Path
+    scope: Scope = "global"
+    project: Path | None = None
+
+    def describe_source(self) -> str:
+        """``this project's settings (<dir>) in <file>`` / ``the global default in <file>``."""
+        if self.scope == "project":
+            return f"this project's saved settings ({self.project}) in {self.path}"
+        return f"the global default in {self.path}"
 
 
 MAX_FILE_BYTES = 64 * 1024  # a real settings file is ~200 bytes; anything near this is not ours
@@ -64,14 +91,45 @@ def config_dir() -> Path:
     return Path(base) / "allocconf_widget"
 
 
-def settings_path() -> Path:
-    """Where the saved settings live."""
+def project_dir(cwd: Path | None = None) -> Path:
+    """The folder whose notebooks share saved settings (see the module docstring)."""
+    override = os.environ.get(PROJECT_ENV)
+    if override:
+        return Path(override).expanduser().absolute()
+    start = (Path.cwd() if cwd is None else cwd).absolute()
+    try:
+        home: Path | None = Path.home().absolute()
+    except (RuntimeError, KeyError, OSError):
+        home = None
+    for folder in (start, *start.parents):
+        if folder == home or folder == Path(folder.anchor):
+            break
+        if any((folder / marker).exists() for marker in PROJECT_MARKERS):
+            return folder
+    return start
+
+
+def project_settings_path(project: Path | None = None) -> Path:
+    """``<config>/projects/<folder name>-<hash of its path>.json`` for ``project`` (default: this one)."""
+    folder = project_dir() if project is None else project
+    digest = hashlib.sha256(os.fsencode(folder)).hexdigest()[:12]
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", folder.name)[:40] or "root"
+    return config_dir() / PROJECTS_DIR / f"{name}-{digest}.json"
+
+
+def global_settings_path() -> Path:
+    """The global default: read by projects that saved nothing of their own."""
     return config_dir() / FILE_NAME
 
 
-def save(conf: AllocConf) -> Path:
-    """Write ``conf`` atomically (a reader never sees half a file); returns the path."""
-    path = settings_path()
+def settings_path(scope: Scope = "project") -> Path:
+    """Where :func:`save` writes for ``scope``."""
+    return project_settings_path() if scope == "project" else global_settings_path()
+
+
+def save(conf: AllocConf, scope: Scope = "project") -> Path:
+    """Write ``conf`` atomically (a reader never sees half a file) for ``scope``; returns the path."""
+    path = settings_path(scope)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "format": FORMAT,
@@ -79,6 +137,8 @@ def save(conf: AllocConf) -> Path:
         "torch_version": str(conf.torch_version),
         "saved_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
+    if scope == "project":
+        payload["project"] = os.fspath(project_dir())
     fd, tmp = tempfile.mkstemp(prefix=".settings-", suffix=".json", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -95,15 +155,25 @@ def save(conf: AllocConf) -> Path:
 
 
 def load(torch_version: VersionLike = None) -> SavedSettings | None:
-    """The saved settings, validated for ``torch_version`` (default: installed torch).
+    """This project's saved settings, else the global default, validated for ``torch_version``.
 
-    Returns None when there is no file; warns (AllocConfWarning) and returns None
-    when the file cannot be used, saying why and how to fix it.
+    Returns None when neither file exists; warns (AllocConfWarning) and returns None
+    when the file that applies cannot be used, saying why and how to fix it (a broken
+    project file is not silently replaced by the global default).
     """
     try:
-        path = settings_path()
+        project = project_dir()
+        project_path = project_settings_path(project)
+        global_path = global_settings_path()
     except NoConfigDirError:
         return None  # nothing can have been saved without a folder; saving says why
+    if project_path.exists() or project_path.is_symlink():
+        return _load_file(project_path, torch_version, "project", project)
+    return _load_file(global_path, torch_version, "global", None)
+
+
+def _load_file(path: Path, torch_version: VersionLike, scope: Scope,
+               project: Path | None) -> SavedSettings | None:
     try:
         with path.open("rb") as handle:
             data = handle.read(MAX_FILE_BYTES + 1)
@@ -136,7 +206,7 @@ def load(torch_version: VersionLike = None) -> SavedSettings | None:
     except AllocConfError as exc:
         return _ignore(path, f"its settings are not valid for this torch: {exc}")
     return SavedSettings(conf, str(payload.get("torch_version", "")), str(payload.get("saved_at", "")),
-                         path)
+                         path, scope, project)
 
 
 def _nesting_depth(text: str) -> int:
@@ -151,10 +221,10 @@ def _nesting_depth(text: str) -> int:
     return deepest
 
 
-def forget() -> bool:
-    """Delete the saved settings; True if there was a file."""
+def forget(scope: Scope = "project") -> bool:
+    """Delete the saved settings of ``scope``; True if there was a file."""
     try:
-        settings_path().unlink()
+        settings_path(scope).unlink()
     except FileNotFoundError:
         return False
     return True
@@ -164,7 +234,8 @@ def _ignore(path: Path, reason: str) -> SavedSettings | None:
     """Warn that the file is unusable and why; returns None so callers can ``return _ignore(...)``."""
     warnings.warn(
         f"ignoring saved settings in {path}: {reason}. Fix the file, or run "
-        "%allocconf forget (or delete it) to start from torch's defaults.",
+        f"%allocconf forget{' --global' if path.name == FILE_NAME else ''} (or delete it) to start "
+        "from torch's defaults.",
         AllocConfWarning,
         stacklevel=3,
     )

@@ -7,6 +7,19 @@ but its samples come from a :class:`~allocconf_widget.core.memory.recording.Reco
 played back in real time (or faster) by a daemon thread. Every sample it makes
 carries the recording, so views can label it "Recording: …" and never present
 it as this machine's GPU.
+
+Two things make a replay read like a live run:
+
+* **Fragmentation** comes from the recording's allocation history
+  (:meth:`Recording.fragmentation`), so the chart's fragmentation line has data
+  even though the recording kept counters only.
+* **Idle stretches** (no counter changed for more than ``skip_idle`` seconds, e.g.
+  the 6 s of model set-up before the bundled run's first step) are cut to
+  :data:`IDLE_KEEP` seconds, in playback and on the x axis, and marked on the
+  chart with how long they were. ``skip_idle=None`` keeps real time.
+
+Start after the replay finished begins a new run on an empty chart; only
+``loop=True`` appends passes one after another.
 """
 
 from __future__ import annotations
@@ -14,7 +27,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from allocconf_widget.adapters.sampler import OK, THREAD_PREFIX, Listener, Sample
 from allocconf_widget.core.memory.recording import RecordedSample, Recording
@@ -22,6 +36,50 @@ from allocconf_widget.core.memory.timeline import Timeline
 
 REPLAYING = "replaying"
 FINISHED = "replay_finished"
+IDLE_SKIP_S = 1.0
+"""An unchanged stretch longer than this is idle (cut short in playback and on the chart)."""
+IDLE_KEEP = 0.5
+"""Seconds of an idle stretch kept on the chart (so the cut is visible, and marked)."""
+
+
+@dataclass(frozen=True, slots=True)
+class IdleCut:
+    """Samples ``first..last`` (indices) changed nothing for ``seconds``; all but IDLE_KEEP cut.
+
+    The chart labels the kept stretch ``idle 6.3 s skipped`` (no memory counter moved).
+    """
+
+    first: int
+    last: int
+    start: float
+    seconds: float
+
+    @property
+    def removed(self) -> float:
+        return max(0.0, self.seconds - IDLE_KEEP)
+
+    @property
+    def label(self) -> str:
+        return f"idle {self.seconds:.1f} s skipped"
+
+
+def idle_cuts(samples: Sequence[RecordedSample], step_times: Sequence[float],
+              threshold: float | None) -> list[IdleCut]:
+    """Stretches of equal consecutive samples, with no optimizer step, longer than ``threshold``."""
+    if threshold is None or len(samples) < 2:
+        return []
+    cuts: list[IdleCut] = []
+    first = 0
+    for i in range(1, len(samples) + 1):
+        if i < len(samples) and samples[i].values() == samples[first].values():
+            continue
+        last = i - 1
+        start, end = samples[first].t, samples[last].t
+        busy = any(start < t < end for t in step_times)
+        if end - start > threshold and not busy:
+            cuts.append(IdleCut(first, last, start, end - start))
+        first = i
+    return cuts
 
 
 class ReplaySampler:
@@ -35,11 +93,15 @@ class ReplaySampler:
         speed: float = 1.0,
         loop: bool = False,
         max_points: int = 2048,
+        skip_idle: float | None = IDLE_SKIP_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not interval > 0 or not speed > 0:
             raise ValueError("interval and speed must be > 0")
         self.recording = recording
+        self.cuts = idle_cuts(recording.samples, [s.t for s in recording.steps], skip_idle)
+        self._cut_after = {cut.last: cut for cut in self.cuts}
+        self._fragmentation: tuple[float | None, ...] | None = None
         self.interval = interval
         self.speed = speed
         self.loop = loop
@@ -68,12 +130,13 @@ class ReplaySampler:
             return self._started_at is not None
 
     def start(self) -> ReplaySampler:
-        """Replay from the beginning (idempotent while running)."""
+        """Replay (idempotent while running): continue a paused replay; a finished one starts over
+        as a new run on an empty chart."""
         with self._lock:
             if self._started_at is not None:
                 return self
             if self._next_sample >= len(self.recording.samples):
-                self._rewind()
+                self._new_run()
             self._started_at = self.clock() - self._position() / self.speed
             self._stop.clear()
             self.status = REPLAYING
@@ -93,7 +156,7 @@ class ReplaySampler:
         self.stop()
         with self._lock:
             if self._done():
-                self._rewind()
+                self._new_run()
             self._started_at = self.clock() - self._position() / self.speed
             self.status = REPLAYING
         try:
@@ -154,26 +217,55 @@ class ReplaySampler:
                     self.last_error = f"listener failed: {exc!r}"
         return due
 
+    def played_x(self, t: float) -> float:
+        """Where recording time ``t`` is drawn (and played): idle stretches cut to IDLE_KEEP."""
+        removed = 0.0
+        for cut in self.cuts:
+            if t <= cut.start + IDLE_KEEP:
+                break
+            if t <= cut.start + cut.seconds:  # inside the cut: every sample at its kept end
+                return cut.start + IDLE_KEEP - removed
+            removed += cut.removed
+        return t - removed
+
+    def fragmentation(self) -> tuple[float | None, ...]:
+        """Per-sample fragmentation from the recording's history (computed on first use)."""
+        if self._fragmentation is None:
+            try:
+                self._fragmentation = self.recording.fragmentation()
+            except Exception as exc:  # a broken recording must not stop the replay
+                self.last_error = f"fragmentation unavailable: {exc}"
+                self._fragmentation = (None,) * len(self.recording.samples)
+        return self._fragmentation
+
     def _take_due(self, at: float) -> list[Sample]:
         rec = self.recording
         due: list[Sample] = []
-        while self._next_sample < len(rec.samples) and rec.samples[self._next_sample].t <= at:
-            sample = self._as_sample(rec.samples[self._next_sample])
+        fragmentation = self.fragmentation()
+        while (self._next_sample < len(rec.samples)
+               and self.played_x(rec.samples[self._next_sample].t) <= at):
+            index = self._next_sample
+            sample = self._as_sample(rec.samples[index], fragmentation[index])
             self.timeline.add(self._offset + sample.t, sample.values(), 0)
             self.latest[0] = sample
             due.append(sample)
             self._next_sample += 1
-        while self._next_step < len(rec.steps) and rec.steps[self._next_step].t <= at:
+            cut = self._cut_after.get(index)
+            if cut is not None:
+                start = self._offset + self.played_x(cut.start)
+                self.timeline.mark("idle", cut.label, x=start, x_end=start + IDLE_KEEP)
+        while (self._next_step < len(rec.steps)
+               and self.played_x(rec.steps[self._next_step].t) <= at):
             self.steps = rec.steps[self._next_step].step + 1
-            self.timeline.step(self._offset + rec.steps[self._next_step].t, self.steps)
+            self.timeline.step(self._offset + self.played_x(rec.steps[self._next_step].t), self.steps)
             self._next_step += 1
         self.rounds += 1
         return due
 
-    def _as_sample(self, row: RecordedSample) -> Sample:
+    def _as_sample(self, row: RecordedSample, fragmentation: float | None = None) -> Sample:
         rec = self.recording
         return Sample(
-            t=row.t,
+            t=self.played_x(row.t),
             wall=time.time(),
             device=0,
             status=OK,
@@ -187,6 +279,7 @@ class ReplaySampler:
             non_pytorch=rec.non_pytorch_bytes,
             non_pytorch_source="device" if rec.non_pytorch_bytes is not None else None,
             device_total=rec.device_total_bytes,
+            fragmentation=fragmentation,
             step=self.steps or None,
         )
 
@@ -196,9 +289,18 @@ class ReplaySampler:
     def _position(self) -> float:
         if self._next_sample == 0:
             return 0.0
-        return self.recording.samples[self._next_sample - 1].t
+        return self.played_x(self.recording.samples[self._next_sample - 1].t)
+
+    def _new_run(self) -> None:
+        """Start over on an empty chart (Start after the replay finished)."""
+        self.timeline.clear()
+        self.latest.clear()
+        self._offset = 0.0
+        self._next_sample = self._next_step = 0
+        self.steps = 0
 
     def _rewind(self) -> None:
+        """Append another pass after this one (``loop=True`` only)."""
         self._offset = self.timeline.render(0, max_points=2).latest_x or 0.0
         if self._offset:
             self._offset += self.interval

@@ -24,6 +24,9 @@ from allocconf_widget.core.memory.snapshot import Snapshot, save_snapshot
 from allocconf_widget.core.memory.timeline import Timeline
 
 FORMAT = "allocconf-timeline/1"
+EXPORT_DIR = "allocconf-exports"
+"""Every export without an explicit path lands in this folder of the working directory
+(the notebook's folder in Jupyter), not scattered next to the notebooks."""
 _BYTE_COLUMNS = {"reserved", "allocated", "active", "requested", "non_pytorch"}
 
 
@@ -92,15 +95,22 @@ def timeline_json(timeline: Timeline, meta: Mapping[str, Any] | None = None) -> 
     return json.dumps(timeline_document(timeline, meta), indent=1)
 
 
+def export_dir() -> Path:
+    """``./allocconf-exports`` (created on first use)."""
+    folder = Path.cwd() / EXPORT_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def _target(path: str | os.PathLike[str] | None, kind: str, suffix: str) -> Path:
-    target = Path(path) if path is not None else Path.cwd() / default_name(kind, suffix)
+    target = Path(path) if path is not None else export_dir() / default_name(kind, suffix)
     if target.is_dir():
         target = target / default_name(kind, suffix)
     return target
 
 
 def write_timeline_csv(timeline: Timeline, path: str | os.PathLike[str] | None = None) -> Path:
-    """Write :func:`timeline_csv` (default: ``./allocconf-timeline-<time>.csv``); returns the path."""
+    """Write :func:`timeline_csv` (default: ``./allocconf-exports/allocconf-timeline-<time>.csv``)."""
     target = _target(path, "timeline", ".csv")
     target.write_text(timeline_csv(timeline), encoding="utf-8")
     return target
@@ -110,7 +120,7 @@ def write_timeline_json(
     timeline: Timeline, path: str | os.PathLike[str] | None = None,
     meta: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write :func:`timeline_json` (default: ``./allocconf-timeline-<time>.json``); returns the path."""
+    """Write :func:`timeline_json` (default: ``./allocconf-exports/allocconf-timeline-<time>.json``)."""
     target = _target(path, "timeline", ".json")
     target.write_text(timeline_json(timeline, meta), encoding="utf-8")
     return target
@@ -118,7 +128,10 @@ def write_timeline_json(
 
 def write_snapshot(snapshot: Snapshot, path: str | os.PathLike[str] | None = None,
                    kind: str = "snapshot") -> Path:
-    """Save a snapshot dict for PyTorch's viewers (default ``./allocconf-<kind>-<time>.pickle``)."""
+    """Save a snapshot for PyTorch's viewers; returns the path.
+
+    Default: ``./allocconf-exports/allocconf-<kind>-<time>.pickle``.
+    """
     target = _target(path, kind, ".pickle")
     save_snapshot(snapshot, target)
     return target

@@ -59,6 +59,7 @@ class SaveOutcome:
 
     path: str
     error: str | None = None
+    scope: str = "project"
 
     @property
     def saved(self) -> bool:
@@ -66,23 +67,27 @@ class SaveOutcome:
 
     def message(self) -> str:
         if self.saved:
-            return (f"Saved to {self.path} (re-applied by %load_ext allocconf_widget in a new "
-                    "kernel; %allocconf forget removes it).")
+            if self.scope == "global":
+                return (f"Saved as the global default to {self.path} (re-applied by %load_ext "
+                        "allocconf_widget in projects without settings of their own; "
+                        "%allocconf forget --global removes it).")
+            return (f"Saved for this project to {self.path} (re-applied by %load_ext "
+                    "allocconf_widget in this project's new kernels; %allocconf forget removes it).")
         return (f"Applied, but NOT saved for kernel restarts: {self.error}. Fix that path (or set "
                 "XDG_CONFIG_HOME to a writable folder) and apply again.")
 
 
-def save_settings(conf: AllocConf) -> SaveOutcome:
-    """Save ``conf`` for restarts; a file-system failure is reported, never raised."""
+def save_settings(conf: AllocConf, scope: persist.Scope = "project") -> SaveOutcome:
+    """Save ``conf`` for restarts (this project's file, or the global default); never raises."""
     try:
-        path = persist.settings_path()
+        path = persist.settings_path(scope)
     except persist.NoConfigDirError as exc:
         return SaveOutcome("(no settings folder)", str(exc))
     try:
-        persist.save(conf)
+        persist.save(conf, scope)
     except OSError as exc:
         return SaveOutcome(str(path), f"{path} cannot be written ({exc.strerror or exc})")
-    return SaveOutcome(str(path))
+    return SaveOutcome(str(path), scope=scope)
 
 
 class Session:

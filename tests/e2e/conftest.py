@@ -144,9 +144,13 @@ def notebook_page(
 @pytest.fixture
 def no_saved_settings(jupyter_server: JupyterServer) -> Iterator[None]:
     """Apply saves settings for the next kernel (one XDG dir per server): start and end without."""
+    import shutil
     from pathlib import Path
 
-    saved = Path(jupyter_server.env["XDG_CONFIG_HOME"]) / "allocconf_widget" / "settings.json"
+    folder = Path(jupyter_server.env["XDG_CONFIG_HOME"]) / "allocconf_widget"
+    saved = folder / "settings.json"
     saved.unlink(missing_ok=True)
+    shutil.rmtree(folder / "projects", ignore_errors=True)
     yield
     saved.unlink(missing_ok=True)
+    shutil.rmtree(folder / "projects", ignore_errors=True)

@@ -271,8 +271,12 @@ def start_jupyter_server(
     timeout: float = 120.0,
     extra_args: Sequence[str] = (),
     extra_env: dict[str, str] | None = None,
+    check_xsrf: bool = False,
 ) -> JupyterServer:
     """Start ``python -m jupyterlab`` for tests under ``root`` and wait for ``/api/status``.
+
+    ``check_xsrf=True``: a token-less server that still checks XSRF (the browser passes,
+    a plain request from the kernel gets 403), the set-up that refused ``%allocconf restart``.
 
     Notebooks go in ``root/"notebooks"``; everything else Jupyter, IPython and XDG
     would read or write goes under ``root/"state"``. Kernels inherit a clean
@@ -325,7 +329,7 @@ def start_jupyter_server(
         "--allow-root",
         "--IdentityProvider.token=",
         "--ServerApp.password=",
-        "--ServerApp.disable_check_xsrf=True",
+        f"--ServerApp.disable_check_xsrf={not check_xsrf}",
         f"--ServerApp.root_dir={root_dir}",
         "--ServerApp.terminals_enabled=False",
         "--LabApp.expose_app_in_browser=True",

@@ -24,15 +24,16 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 THREAD_CELL = """\
 import time
 from allocconf_widget.views.widgets.monitor import start_monitor
-mon = start_monitor(demo=True, renderer={renderer!r}, interval=0.05)
+# real time (skip_idle=False): 8.2 s of recorded run, longer than plotly takes to appear
+mon = start_monitor(demo=True, renderer={renderer!r}, interval=0.05, skip_idle=False)
 display(mon)
-time.sleep(9.5)  # busy: the replay thread (8.2 s of recorded run) updates the chart meanwhile
+time.sleep(9.5)  # busy: the replay thread updates the chart meanwhile
 print("updates", mon.updates, "renderer", mon.renderer)
 """
 
 PLAY_CELL = """\
 from allocconf_widget.views.widgets.monitor import start_monitor
-mon = start_monitor(demo=True, renderer="svg", interval=0.05)
+mon = start_monitor(demo=True, renderer="svg", interval=0.05, skip_idle=False)
 mon.stop()
 display(mon)
 mon.play()  # the replay runs on this cell's own thread: no background thread at all

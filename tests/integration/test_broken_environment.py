@@ -55,7 +55,8 @@ def test_kernel_starts_on_a_hostile_settings_file(tmp_path, content):
 def test_unwritable_settings_path_says_applied_not_saved(tmp_path):
     env = _base_env(tmp_path)
     env["XDG_CONFIG_HOME"] = str(tmp_path / "cfg")
-    (tmp_path / "cfg" / "allocconf_widget" / "settings.json").mkdir(parents=True)  # a directory
+    (tmp_path / "cfg" / "allocconf_widget").mkdir(parents=True)
+    (tmp_path / "cfg" / "allocconf_widget" / "projects").write_text("")  # a file where a folder goes
     done = _run(env)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr + done.stdout

@@ -112,3 +112,23 @@ def test_an_empty_string_says_unset_not_export_empty():
     done = cli("check", "")
     assert done.returncode == 0
     assert "unset PYTORCH_ALLOC_CONF" in done.stderr and "export" not in done.stderr.split("Do not")[0]
+
+
+def test_the_common_paste_without_export_and_an_unknown_name_get_help():
+    done = cli("check", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    assert done.returncode == 0 and done.stdout.strip() == "expandable_segments:True"
+    assert "dropped the variable name PYTORCH_CUDA_ALLOC_CONF=" in done.stderr
+    typo = cli("check", "max_split_size:128")
+    assert typo.returncode == 2 and "did you mean max_split_size_mb?" in typo.stderr
+
+
+@pytest.mark.parametrize("columns", [60, 80, 120])
+def test_options_fits_the_terminal_width(columns):
+    done = cli("options", "--torch-version", "2.13", env={"COLUMNS": str(columns)})
+    assert done.returncode == 0
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) <= columns
+    rows = json.loads(cli("options", "--torch-version", "2.13", "--json").stdout)["options"]
+    assert all(r["option"] in done.stdout.split() for r in rows)  # names are never cut
+    wide = cli("options", "--torch-version", "2.13", "--width", "250").stdout
+    assert "OPTION" in wide and max(len(line) for line in wide.splitlines()) <= 250

@@ -97,7 +97,7 @@ def test_apply_writes_environment_and_saves(ip, capsys):
     magic(ip, "set expandable_segments=True", capsys)
     result, out = magic(ip, "apply", capsys)
     assert os.environ[result.variable] == "expandable_segments:True"
-    assert "Saved to" in out
+    assert "Saved for this project to" in out
     assert persist.load().conf.to_string() == "expandable_segments:True"
 
 
@@ -137,7 +137,7 @@ def test_show_reports_state_requested_and_saved(ip, capsys):
     info, out = magic(ip, "show", capsys)
     assert "Runtime:" in out and "torch 2.13" in out
     assert "Requested: expandable_segments:True" in out
-    assert "Saved:" in out and "settings.json" in out
+    assert "Saved:" in out and "this project's saved settings" in out and "projects" in out
     assert info["readback"] is None  # CPU build: nothing live to read back
 
 
@@ -241,8 +241,50 @@ def test_set_before_import_torch_just_works_in_a_fresh_interpreter(tmp_path):
 
 
 def test_forget_that_cannot_delete_is_a_usage_error(ip, xdg_config_home):
-    target = xdg_config_home / "allocconf_widget" / "settings.json"
+    target = persist.settings_path()
     (target / "inside").mkdir(parents=True)  # a directory where the file should be
     with pytest.raises(UsageError, match="cannot be removed"):
         ip.run_line_magic("allocconf", "forget")
     assert target.is_dir()
+
+
+# ----------------------------------------------------------------- conveniences
+
+
+def _completions(ip, line: str) -> list[str]:
+    """What Jupyter's kernel offers at the end of ``line`` (IPython's completions API)."""
+    from IPython.core.completer import provisionalcompleter
+
+    with provisionalcompleter():
+        return [c.text for c in ip.Completer.completions(line, len(line))]
+
+
+def test_tab_completes_subcommands_options_and_values_in_a_real_shell(ip):
+    assert {"set", "apply", "monitor", "simulate", "restart"} <= set(_completions(ip, "%allocconf "))
+    assert _completions(ip, "%allocconf se") == ["set"]
+    assert _completions(ip, "%allocconf set max_sp") == ["max_split_size_mb="]
+    assert _completions(ip, "%allocconf set expandable_segments=") == ["True", "False", "default"]
+    assert _completions(ip, "%allocconf unset garb") == ["garbage_collection_threshold"]
+    assert _completions(ip, "%allocconf monitor --r") == ["--renderer"]
+    assert set(_completions(ip, "%allocconf monitor ")) >= {"start", "stop", "status", "--demo"}
+    assert _completions(ip, "%allocconf apply --g") == ["--global"]
+    assert _completions(ip, "%%allocconf rec") == ["record"]
+    assert "print" in _completions(ip, "pri")  # other lines complete as before
+
+
+def test_windows_paths_keep_their_backslashes(ip, capsys):
+    from allocconf_widget.views.magic.completion import split_args
+
+    assert split_args(r'simulate C:\traces\a.pickle "C:\my traces\b.pickle"') == [
+        "simulate", r"C:\traces\a.pickle", r"C:\my traces\b.pickle"]
+    with pytest.raises(UsageError) as caught:
+        ip.run_line_magic("allocconf", r"simulate C:\traces\a.pickle")
+    assert repr(r"C:\traces\a.pickle") in str(caught.value)  # not C:tracesa.pickle
+
+
+def test_a_pasted_variable_assignment_is_staged_as_its_value(ip, capsys):
+    staged, out = magic(ip, "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", capsys)
+    assert staged.to_string() == "expandable_segments:True"
+    assert "dropped the variable name PYTORCH_CUDA_ALLOC_CONF=" in out
+    with pytest.raises(UsageError, match="did you mean max_split_size_mb"):
+        ip.run_line_magic("allocconf", "set max_split_size=128")

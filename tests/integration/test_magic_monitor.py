@@ -39,6 +39,15 @@ def test_monitor_demo_starts_reports_status_and_stops(ip, capsys):
     assert ip.run_line_magic("allocconf", "-r monitor status") == {"running": False}
 
 
+def test_the_demo_cuts_idle_stretches_unless_asked_to_keep_them(ip, capsys):
+    view = ip.run_line_magic("allocconf", "-r monitor --demo --renderer svg")
+    assert len(view.source.cuts) == 1
+    real_time = ip.run_line_magic("allocconf", "-r monitor --demo --renderer svg --keep-idle")
+    assert real_time.source.cuts == []
+    ip.run_line_magic("allocconf", "monitor stop")
+    capsys.readouterr()
+
+
 @pytest.mark.parametrize(("line", "message"), [
     ("monitor --interval 0.001", "too short"),
     ("monitor --renderer canvas", "invalid choice"),

@@ -100,8 +100,9 @@ def _no_active_monitor():
     stop_monitor()
 
 
-def _fast_demo_view(renderer: str = "svg", speed: float = 4.0, **kwargs) -> MonitorView:
-    source = ReplaySampler(load_demo(), interval=0.02, speed=speed)
+def _fast_demo_view(renderer: str = "svg", speed: float = 4.0, skip_idle: float | None = 1.0,
+                    **kwargs) -> MonitorView:
+    source = ReplaySampler(load_demo(), interval=0.02, speed=speed, skip_idle=skip_idle)
     return MonitorView(source, renderer=renderer, recording=source.recording,
                        frontend=Frontend.JUPYTER, **kwargs)
 
@@ -137,14 +138,35 @@ def test_start_monitor_without_a_gpu_replays_the_bundled_recording(comms, monkey
     assert [t for t in threading.enumerate() if t.name.startswith("allocconf")] == []
 
 
-def test_replay_restarts_after_it_finished(comms):
+def test_start_after_the_replay_finished_begins_a_new_run_on_an_empty_chart(comms):
     view = _fast_demo_view(speed=20).start()
     assert _wait(lambda: not view.running, timeout=15)
-    first = view.source.timeline.samples(0)
+    assert "Start replays it on a new chart" in view.status.value
+    first = view.source.timeline.render(0)
     view._on_start()
-    assert _wait(lambda: view.source.timeline.samples(0) > first, timeout=5)
-    view.stop()
-    assert any(m.label == "replay restarted" for m in view.source.timeline.markers())
+    assert _wait(lambda: view.source.timeline.samples(0) < first.samples, timeout=5)  # emptied
+    assert _wait(lambda: not view.running, timeout=15)
+    again = view.source.timeline.render(0)
+    assert again.samples == first.samples and again.span == first.span  # the same run, not appended
+    assert not any(m.label == "replay restarted" for m in view.source.timeline.markers())
+    reserved = [v for v in again.series["reserved"] if v is not None]
+    assert min(reserved) > 0  # no drop to 0 inside the chart
+
+
+def test_the_replay_shows_fragmentation_and_cuts_the_idle_start(comms):
+    view = _fast_demo_view(speed=20).start()
+    assert _wait(lambda: not view.running, timeout=15)
+    payload = view.source.timeline.render(0)
+    frag = [v for v in payload.series["fragmentation"] if v is not None]
+    assert len(frag) == len(load_demo().samples) and 0 < max(frag) < 1
+    recording_s = load_demo().duration
+    assert payload.span[1] < recording_s - 5  # the 6.3 s of set-up shown as 0.5 s
+    idle = [m for m in payload.markers if m.kind == "idle"]
+    assert len(idle) == 1 and idle[0].label == "idle 6.3 s skipped"
+    html = view.chart.widget.value
+    assert "idle 6.3 s skipped" in html  # visible, not only on hover
+    assert "external fragmentation <b>89.1%</b>" in html
+    assert "fragmentation <b>89.1%</b>" in view.status.value
 
 
 # ----------------------------------------------------------------- throttling and payload
@@ -152,7 +174,7 @@ def test_replay_restarts_after_it_finished(comms):
 
 @pytest.mark.parametrize("renderer", ["svg", "figurewidget"])
 def test_redraws_stay_at_or_below_2_hz(comms, renderer):
-    view = _fast_demo_view(renderer=renderer, speed=3.0).start()
+    view = _fast_demo_view(renderer=renderer, speed=3.0, skip_idle=None).start()
     assert view.renderer == renderer
     started = time.monotonic()
     assert _wait(lambda: not view.running, timeout=15)
@@ -258,21 +280,29 @@ def test_export_buttons_write_files_and_say_where(comms, tmp_path, monkeypatch):
     view = _fast_demo_view(speed=50).start()
     assert _wait(lambda: not view.running, timeout=15)
     view._on_csv()
-    csv_file = next(tmp_path.glob("allocconf-timeline-*.csv"))
-    assert str(csv_file.name) in view.status.value
+    exports = tmp_path / "allocconf-exports"
+    assert [p.parent for p in tmp_path.rglob("allocconf-*.*")] == [exports]  # one folder
+    csv_file = next(exports.glob("allocconf-timeline-*.csv"))
+    assert f"allocconf-exports/{csv_file.name}" in view.status.value
     header, *rows = csv_file.read_text().splitlines()
     assert header.startswith("device,t_start_s,t_end_s,samples,reserved_bytes")
+    assert header.endswith(",fragmentation")
     assert len(rows) == len(load_demo().samples)
+    assert all(row.split(",")[-1] for row in rows)  # the fragmentation column has data
     view._on_json()
-    doc = json.loads(next(tmp_path.glob("allocconf-timeline-*.json")).read_text())
+    doc = json.loads(next(exports.glob("allocconf-timeline-*.json")).read_text())
     assert doc["meta"]["recording"].startswith("Recording: ")
     view._on_snapshot()
-    saved = next(tmp_path.glob("allocconf-recording-*.pickle"))
+    saved = next(exports.glob("allocconf-recording-*.pickle"))
     from allocconf_widget.core.memory.snapshot import load_snapshot
 
     assert len(load_snapshot(saved)["segments"]) == len(load_demo().snapshot()["segments"])
     view._on_segments()
-    assert "segments" in view.segments.value and "<svg" in view.segments.value
+    shown = view.segments.value
+    assert "<svg" in shown and "allocconf-segmap-legend" in shown
+    for text in ("allocated", "pending free (other stream)", "free (cached)", "44 segments",
+                 "largest free block", "external fragmentation 89%", "#0 large 1.15 GiB"):
+        assert text in shown, text
 
 
 # ----------------------------------------------------------------- choices and errors

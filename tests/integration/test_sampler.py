@@ -330,6 +330,28 @@ def test_one_series_per_device_and_snapshots_stay_within_budget(fake_cuda):
     assert latest.non_pytorch == max(0, expected)
 
 
+def test_live_fragmentation_is_drawn_as_a_line_and_its_latest_value_is_shown(fake_cuda):
+    from allocconf_widget.views.charts.monitor_render import status_html
+    from allocconf_widget.views.charts.svg import timeline_svg
+
+    # snapshots only every few dozen samples, as the duty budget makes them on a real GPU
+    sampler = Sampler(interval=0.005, snapshot_budget=0.5, snapshot_min_interval=0.05).start()
+    try:
+        assert _wait(lambda: sampler.overhead()["snapshots"] >= 3)
+    finally:
+        sampler.stop()
+    payload = sampler.timeline.render(0)
+    measured = [f for f in payload.series["fragmentation"] if f is not None]
+    assert 3 <= len(measured) < len(payload.x)  # sparse: only the samples with a snapshot
+    html = timeline_svg(payload)
+    line = html.split('class="allocconf-series-fragmentation" d="')[1].split('"')[0]
+    assert line.count("M") == 1 and line.count("L") == len(measured) - 1  # joined, not dots lost
+    shown = f"{payload.latest['fragmentation'] * 100:.1f}%"
+    assert f"external fragmentation <b>{shown}</b>" in html  # the legend: the last measurement
+    status = status_html(payload=payload, state="live", overhead=sampler.overhead())
+    assert f"fragmentation <b>{shown}</b>" in status
+
+
 def test_budget_pushes_the_next_snapshot_out_in_proportion_to_its_cost():
     budget = SnapshotBudget(fraction=0.01, min_interval=1.0)
     assert budget.due(0.0)

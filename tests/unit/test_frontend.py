@@ -42,3 +42,84 @@ def test_vscode_and_terminal_only_explain():
     assert not vscode.started and "toolbar" in vscode.message
     terminal = restart(Frontend.TERMINAL)
     assert not terminal.started and "%load_ext allocconf_widget" in terminal.message
+
+
+# ----------------------------------------------------------------- a server that refuses the restart
+
+
+class _Server:
+    """A real HTTP server on 127.0.0.1 answering like a token-less Jupyter server with XSRF on:
+    GET /api/kernels/<id> works, POST /api/kernels/<id>/restart is refused with 403."""
+
+    def __init__(self, kernel: str) -> None:
+        import http.server
+        import json as _json
+        import threading
+
+        posts: list[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = _json.dumps({"id": kernel}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self) -> None:
+                posts.append(self.path)
+                self.send_error(403, "'_xsrf' argument missing from POST")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.posts = posts
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_refused_restart_request_falls_back_at_once_and_says_why(monkeypatch):
+    from allocconf_widget.adapters import frontend
+
+    server = _Server("k-1")
+    kills = []
+    monkeypatch.setattr(frontend, "_kernel_id", lambda: "k-1")
+    monkeypatch.setattr(frontend, "_servers", lambda: [{"url": server.url, "token": ""}])
+    # the kernel object is what cannot exist outside a kernel: the test shell only needs one
+    monkeypatch.setattr(frontend, "_shell", lambda _modules=None: type("S", (), {"kernel": object()})())
+    notes: list[str] = []
+    try:
+        started = time.monotonic()
+        outcome = restart(Frontend.JUPYTER, _kill=lambda _pid, sig: kills.append(sig),
+                          notify=notes.append)
+        took = time.monotonic() - started
+    finally:
+        server.close()
+    assert server.posts == ["/api/kernels/k-1/restart"]
+    assert took < 1.0  # a refusal is seen in milliseconds, not at the next cell
+    assert outcome.started and outcome.how.startswith("self (server refused: HTTP 403")
+    assert "refused the restart request (HTTP 403" in outcome.message
+    assert "XSRF" in outcome.message and "ends now" in outcome.message
+    assert notes == ["Asking the Jupyter server to restart this kernel…"]
+    time.sleep(0.8)
+    assert kills == [signal.SIGKILL]  # ended at once: the server's restarter starts a new one
+
+
+def test_download_links_point_at_the_servers_files_url(monkeypatch, tmp_path):
+    from allocconf_widget.adapters import frontend
+
+    target = tmp_path / "nb" / "allocconf-exports" / "a b.csv"
+    monkeypatch.setattr(frontend, "_servers",
+                        lambda: [{"root_dir": str(tmp_path / "other"), "base_url": "/"},
+                                 {"root_dir": str(tmp_path), "base_url": "/user/x/"}])
+    link = frontend.download_link(target, Frontend.JUPYTER)
+    assert link.url == "/user/x/files/nb/allocconf-exports/a%20b.csv"
+    assert frontend.download_link(target, Frontend.TERMINAL).url is None
+    # Colab's files.download cannot run here (no google.colab): the link says so, no crash
+    colab = frontend.download_link(target, Frontend.COLAB)
+    assert colab.url is None and "download not started" in (colab.note or "")

@@ -14,18 +14,70 @@ from allocconf_widget.core.config.conf import parse_conf
 
 def test_save_load_round_trip_under_xdg_config_home(xdg_config_home):
     path = persist.save(parse_conf("expandable_segments:True,max_split_size_mb:512", "2.11", warn=False))
-    assert path == xdg_config_home / "allocconf_widget" / "settings.json"
+    assert path.parent == xdg_config_home / "allocconf_widget" / "projects"
     saved = persist.load("2.11")
     assert saved is not None
     assert saved.conf.to_string() == "expandable_segments:True,max_split_size_mb:512"
     assert saved.torch_version == "2.11"
-    assert [p.name for p in path.parent.iterdir()] == ["settings.json"]  # no temp file left
+    assert saved.scope == "project" and saved.project == persist.project_dir()
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left
 
 
 def test_default_location_is_dot_config(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_CONFIG_HOME")
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert persist.settings_path() == tmp_path / ".config" / "allocconf_widget" / "settings.json"
+    assert persist.settings_path("global") == tmp_path / ".config" / "allocconf_widget" / "settings.json"
+    assert persist.settings_path().parent == tmp_path / ".config" / "allocconf_widget" / "projects"
+
+
+def _project(tmp_path, name, marker=".git"):
+    folder = tmp_path / name
+    (folder / "notebooks" / "deep").mkdir(parents=True)
+    (folder / marker).mkdir() if marker == ".git" else (folder / marker).write_text("")
+    return folder
+
+
+def test_each_project_has_its_own_settings_and_shares_them_between_its_folders(monkeypatch, tmp_path):
+    a, b = _project(tmp_path, "proj-a"), _project(tmp_path, "proj-b", "pyproject.toml")
+    monkeypatch.chdir(a / "notebooks")
+    assert persist.project_dir() == a
+    persist.save(parse_conf("expandable_segments:True", "2.11", warn=False))
+    monkeypatch.chdir(a / "notebooks" / "deep")  # another notebook folder of the same repository
+    assert persist.load("2.11").conf.to_string() == "expandable_segments:True"
+    monkeypatch.chdir(b / "notebooks")  # another project: the settings do not follow
+    assert persist.project_dir() == b
+    assert persist.load("2.11") is None
+
+
+def test_the_global_default_applies_only_where_a_project_saved_nothing(monkeypatch, tmp_path):
+    a, b = _project(tmp_path, "proj-a"), _project(tmp_path, "proj-b")
+    persist.save(parse_conf("garbage_collection_threshold:0.7", "2.11", warn=False), "global")
+    monkeypatch.chdir(a)
+    persist.save(parse_conf("expandable_segments:True", "2.11", warn=False))
+    saved = persist.load("2.11")
+    assert (saved.scope, saved.conf.to_string()) == ("project", "expandable_segments:True")
+    assert "this project's saved settings" in saved.describe_source()
+    monkeypatch.chdir(b)
+    saved = persist.load("2.11")
+    assert (saved.scope, saved.conf.to_string()) == ("global", "garbage_collection_threshold:0.7")
+    assert saved.describe_source().startswith("the global default in ")
+    assert persist.forget("global") is True and persist.load("2.11") is None
+
+
+def test_no_marker_means_the_working_directory_and_the_variable_overrides(monkeypatch, tmp_path):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    monkeypatch.chdir(plain)
+    assert persist.project_dir() == plain
+    monkeypatch.setenv(persist.PROJECT_ENV, str(tmp_path / "elsewhere"))
+    assert persist.project_dir() == tmp_path / "elsewhere"
+
+
+def test_nothing_is_written_into_the_project_folder(monkeypatch, tmp_path):
+    a = _project(tmp_path, "proj-a")
+    monkeypatch.chdir(a)
+    persist.save(parse_conf("expandable_segments:True", "2.11", warn=False))
+    assert sorted(p.name for p in a.iterdir()) == [".git", "notebooks"]
 
 
 def test_forget_removes_the_file():
@@ -74,7 +126,7 @@ def test_failed_write_leaves_the_previous_file_intact(monkeypatch):
         persist.save(parse_conf("max_split_size_mb:512", "2.11", warn=False))
     monkeypatch.undo()
     assert persist.load("2.11").conf.to_string() == "expandable_segments:True"
-    assert [p.name for p in persist.settings_path().parent.iterdir()] == ["settings.json"]
+    assert [p.name for p in persist.settings_path().parent.iterdir()] == [persist.settings_path().name]
 
 
 @pytest.mark.parametrize(

@@ -50,11 +50,24 @@ def test_path_points_follow_the_data():
 def test_gaps_in_a_series_break_the_line():
     tl = Timeline()
     for i in range(6):
-        tl.add(i, {"reserved": 1 << 30, "fragmentation": None if i in (2, 3) else 0.5})
+        tl.add(i, {"reserved": 1 << 30, "allocated": None if i in (2, 3) else 1 << 29})
     html = timeline_svg(tl.render(0))
-    frag = next(p.getAttribute("d") for p in _parse(html).getElementsByTagName("path")
-                if "external fragmentation" in p.toxml())
-    assert frag.count("M") == 2
+    line = next(p.getAttribute("d") for p in _parse(html).getElementsByTagName("path")
+                if "allocconf-series-allocated" in p.getAttribute("class"))
+    assert line.count("M") == 2
+
+
+def test_fragmentation_measured_on_few_samples_is_one_line_with_a_dot_per_measurement():
+    tl = Timeline()
+    for i in range(40):  # a snapshot (and so a fragmentation figure) on every tenth sample only
+        tl.add(i, {"reserved": 1 << 30, "fragmentation": 0.25 + i / 100 if i % 10 == 0 else None})
+    html = timeline_svg(tl.render(0))
+    doc = _parse(html)
+    frag = next(p.getAttribute("d") for p in doc.getElementsByTagName("path")
+                if "allocconf-series-fragmentation" in p.getAttribute("class"))
+    assert frag.count("M") == 1 and frag.count("L") == 3  # four measurements, joined
+    assert len(doc.getElementsByTagName("circle")) == 4
+    assert "external fragmentation <b>55.0%</b>" in html  # the legend: the last measurement
 
 
 def test_markers_are_drawn_and_labels_escaped():

@@ -68,25 +68,66 @@ def _runtime_text(spec: opt.OptionSpec) -> str:
     return f"yes: {spec.live.value}"
 
 
-def render_text(version: TorchVersion) -> str:
-    """An aligned plain-text table plus one explanation paragraph per option."""
+_MIN_FLEXIBLE = 22  # the longest word a cell holds (large_segment_size_mb)
+_FLEXIBLE = ("valid", "read", "default")
+"""Columns that wrap; option names, value kinds and scopes stay whole."""
+
+
+def _fit_widths(natural: dict[str, int], width: int, gap: int) -> dict[str, int]:
+    """Column widths within ``width``: the widest flexible column gives up space first (≥ 12)."""
+    widths = dict(natural)
+    budget = width - gap * (len(widths) - 1)
+    while sum(widths.values()) > budget:
+        widest = max(_FLEXIBLE, key=lambda c: widths[c])
+        if widths[widest] <= _MIN_FLEXIBLE:
+            break  # cannot shrink further: the table is as narrow as it gets
+        widths[widest] -= 1
+    return widths
+
+
+def render_text(version: TorchVersion, width: int | None = None) -> str:
+    """An aligned plain-text table plus one explanation paragraph per option.
+
+    ``width``: the terminal's columns; long cells wrap onto more lines of the same row and
+    the paragraphs wrap, so no line is wider (None: one line per row, however wide).
+    """
+    import textwrap
+
     rows = option_rows(version)
     cols = ("option", "value", "default", "valid", "read", "scope")
-    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in cols}
+    natural = {c: max(len(c), *(len(r[c]) for r in rows)) for c in cols}
+    widths = natural if width is None else _fit_widths(natural, width, 2)
     order = read_order(version)
-    lines = [
-        f"Allocator options of torch {version} ({version.build} build). "
-        f"Write them to {preferred_variable(version)}; torch reads "
-        f"{' > '.join(order.device)} (first one set wins).",
-        "",
-        "  ".join(c.upper().ljust(widths[c]) for c in cols),
-    ]
-    lines += ["  ".join(r[c].ljust(widths[c]) for c in cols) for r in rows]
+    intro = (f"Allocator options of torch {version} ({version.build} build). "
+             f"Write them to {preferred_variable(version)}; torch reads "
+             f"{' > '.join(order.device)} (first one set wins).")
+    lines = [*(textwrap.wrap(intro, width) if width else [intro]), ""]
+    if width is not None and sum(widths.values()) + 2 * (len(cols) - 1) > width:
+        # too narrow for a table: one block per option
+        for r in rows:
+            lines += textwrap.wrap(f"{r['option']}  ({r['value']}; default {r['default']}; "
+                                   f"{r['scope']})", width, subsequent_indent="      ")
+            for label in ("valid", "read"):
+                lines += textwrap.wrap(f"{label}: {r[label]}", width, initial_indent="    ",
+                                       subsequent_indent="      ", break_on_hyphens=False)
+    else:
+        lines.append("  ".join(c.upper().ljust(widths[c]) for c in cols).rstrip())
+        for r in rows:
+            cells = {c: textwrap.wrap(r[c], widths[c], break_on_hyphens=False) or [""] for c in cols}
+            for i in range(max(len(v) for v in cells.values())):
+                parts = [(cells[c][i] if i < len(cells[c]) else "").ljust(widths[c]) for c in cols]
+                lines.append("  ".join(parts).rstrip())
     lines.append("")
     for r in rows:
-        lines.append(f"{r['option']}: {r['summary']}")
-        lines.append(f"    {r['explanation']}")
-        lines.append(f"    Runtime change: {r['runtime']}.")
+        paragraph = [f"{r['option']}: {r['summary']}", f"    {r['explanation']}",
+                     f"    Runtime change: {r['runtime']}."]
+        if width is None:
+            lines += paragraph
+        else:
+            lines += textwrap.wrap(paragraph[0], width, subsequent_indent="    ")
+            for text in paragraph[1:]:
+                lines += textwrap.wrap(text.strip(), width, initial_indent="    ",
+                                       subsequent_indent="    ")
     return "\n".join(lines)
 
 

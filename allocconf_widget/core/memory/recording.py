@@ -104,6 +104,7 @@ class Recording:
     trace_events: int | None = None
     snapshot_path: Path | Traversable | None = None
     _cache: dict[str, Snapshot] = field(default_factory=dict, repr=False, compare=False)
+    _derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     _lock: Any = field(default_factory=threading.Lock, repr=False, compare=False)
 
     # ------------------------------------------------------------- derived facts
@@ -142,6 +143,50 @@ class Recording:
                 )
             return self._cache["snapshot"]
 
+    @property
+    def epoch_origin_us(self) -> float | None:
+        """Wall-clock µs of ``t = 0`` (from the steps' timestamps), to place trace entries."""
+        for step in self.steps:
+            if step.epoch_us is not None:
+                return step.epoch_us - step.t * 1e6
+        return None
+
+    def fragmentation(self) -> tuple[float | None, ...]:
+        """External fragmentation at each sample, rebuilt from the snapshot's allocation history.
+
+        All ``None`` (and :attr:`fragmentation_note` says why) when the recording has no
+        snapshot, no history, or no wall-clock steps to align the history with its timeline.
+        Computed once (a few tenths of a second for the bundled recording).
+        """
+        from allocconf_widget.core.memory.trace_fragmentation import HistoryMismatchError, fragmentation_at
+
+        with self._lock:
+            cached = self._derived.get("fragmentation")
+        if cached is not None:
+            return tuple(cached)
+        values: tuple[float | None, ...] = (None,) * len(self.samples)
+        note = None
+        origin = self.epoch_origin_us
+        if origin is None:
+            note = "the recording has no step timestamps to align its allocation history with"
+        else:
+            try:
+                points = fragmentation_at(self.snapshot(), [origin + s.t * 1e6 for s in self.samples])
+                values = tuple(p.external_fragmentation for p in points)
+            except (SnapshotError, HistoryMismatchError) as exc:
+                note = f"no fragmentation figure: {exc}"
+        with self._lock:
+            self._derived["fragmentation"] = values
+            self._derived["fragmentation_note"] = note
+        return values
+
+    @property
+    def fragmentation_note(self) -> str | None:
+        """Why :meth:`fragmentation` has no figures (None when it has them or was not asked)."""
+        with self._lock:
+            note = self._derived.get("fragmentation_note")
+        return note if isinstance(note, str) else None
+
     # ------------------------------------------------------------- replay
     def samples_until(self, t: float) -> tuple[RecordedSample, ...]:
         """The samples recorded up to ``t`` seconds into the run."""
@@ -153,11 +198,13 @@ class Recording:
         """Fill a timeline with the run (up to ``until`` seconds), steps included."""
         timeline = timeline or Timeline()
         non_pytorch = self.non_pytorch_bytes
-        for sample in self.samples:
+        fragmentation = self.fragmentation()
+        for sample, frag in zip(self.samples, fragmentation, strict=True):
             if until is not None and sample.t > until:
                 break
             values = sample.values()
             values["non_pytorch"] = _f(non_pytorch)
+            values["fragmentation"] = frag
             timeline.add(sample.t, values, device)
         for step in self.steps:
             if until is not None and step.t > until:

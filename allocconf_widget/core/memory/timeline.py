@@ -43,8 +43,10 @@ DEFAULT_SERIES: tuple[str, ...] = (
 )
 """Byte series (``reserved`` … ``non_pytorch``) and ratio series (``cached_share``, ``fragmentation``)."""
 
-MARKER_KINDS: tuple[str, ...] = ("cell", "oom", "note")
-_MARKER_CAPS = {"cell": 256, "oom": 64, "note": 128}
+MARKER_KINDS: tuple[str, ...] = ("cell", "oom", "note", "idle")
+_MARKER_CAPS = {"cell": 256, "oom": 64, "note": 128, "idle": 64}
+SPAN_KINDS: frozenset[str] = frozenset({"cell", "idle"})
+"""Markers drawn as a shaded span from ``x`` to ``x_end`` (a cell run; an idle stretch skipped)."""
 
 Value = float | None
 _T = TypeVar("_T")
@@ -108,7 +110,7 @@ def _min(a: Value, b: Value) -> Value:
 
 @dataclass(frozen=True, slots=True)
 class Marker:
-    """Something to draw on the chart: a cell run (``x`` to ``x_end``), an OOM, a note."""
+    """Something to draw on the chart: a cell run or an idle stretch (``x`` to ``x_end``), an OOM, a note."""
 
     kind: str
     x: float
@@ -127,7 +129,9 @@ class RenderPayload:
 
     ``series[name][i]`` is the maximum over the samples drawn at ``x[i]``
     (``lows`` the minimum, when asked for). ``peaks`` are over the whole run,
-    not only the window; ``latest`` is the newest raw sample.
+    not only the window; ``latest`` is the newest known value of each series
+    (a sparse series such as ``fragmentation``, measured only on the samples
+    that took a snapshot, keeps its last measurement).
     """
 
     device: int | None
@@ -187,7 +191,9 @@ class _Store:
         if not self.peaks:
             self.peaks = [None] * self.width
         self.peaks = [_max(p, v) for p, v in zip(self.peaks, values, strict=True)]
-        self.latest = list(values)
+        # the newest *known* value: a sparse series keeps its last measurement
+        self.latest = (list(values) if not self.latest else
+                       [old if new is None else new for old, new in zip(self.latest, values, strict=True)])
         self.recent.append(point)
         if len(self.recent) > self.recent_cap:
             self._fold(self.recent.popleft())
@@ -316,13 +322,27 @@ class Timeline:
             store.add(float(x), row)
             self.version += 1
 
-    def mark(self, kind: str, label: str, x: float | None = None, device: int | None = None) -> None:
-        """A point marker (``oom``, ``note``) at ``x`` (default: the newest sample's x)."""
+    def mark(self, kind: str, label: str, x: float | None = None, device: int | None = None,
+             x_end: float | None = None) -> None:
+        """A marker at ``x`` (default: the newest sample's x): ``oom``, ``note``, or a span to ``x_end``."""
         if kind not in self._markers:
             raise ValueError(f"unknown marker kind {kind!r}; use one of {', '.join(MARKER_KINDS)}")
         with self._lock:
             where = self._now() if x is None else float(x)
-            self._markers[kind].append(Marker(kind, where, label, None, device))
+            end = None if x_end is None else max(where, float(x_end))
+            self._markers[kind].append(Marker(kind, where, label, end, device))
+            self.version += 1
+
+    def clear(self) -> None:
+        """Forget every sample, marker and step: the next sample begins a new run on an empty chart."""
+        with self._lock:
+            self._stores.clear()
+            for queue in self._markers.values():
+                queue.clear()
+            self._open_cell = None
+            self._steps = []
+            self._step_stride = 1
+            self._steps_seen = 0
             self.version += 1
 
     def cell_started(self, label: str, x: float | None = None) -> None:

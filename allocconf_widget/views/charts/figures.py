@@ -104,6 +104,14 @@ def _marker_shapes(markers: Sequence[Marker]) -> tuple[list[dict[str, Any]], lis
             shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": m.x, "x1": m.x_end,
                            "y0": 0, "y1": 1, "fillcolor": COLORS["cell"], "line": {"width": 0},
                            "layer": "below"})
+        elif m.kind == "idle":
+            shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": m.x,
+                           "x1": m.x_end if m.x_end is not None else m.x, "y0": 0, "y1": 1,
+                           "fillcolor": COLORS["idle"], "line": {"width": 0}, "layer": "below"})
+            notes.append({"x": m.x, "y": 0.98, "xref": "x", "yref": "paper", "text": m.label,
+                          "hovertext": f"{m.label}: no memory counter changed; the chart keeps "
+                          "half a second of it", "showarrow": False, "xanchor": "left",
+                          "yanchor": "top", "font": {"color": COLORS["note"], "size": 10}})
         elif m.kind == "oom":
             shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": m.x, "x1": m.x,
                            "y0": 0, "y1": 1, "line": {"color": COLORS["oom"], "width": 2}})

@@ -107,8 +107,9 @@ def status_html(
     overhead: Mapping[str, Any],
     sample: Any = None,
     note: str | None = None,
+    link: tuple[str, str] | None = None,
 ) -> str:
-    """One line: what is shown now, how it was measured, and what it cost."""
+    """One line: what is shown now, how it was measured, and what it cost (and a download link)."""
     from html import escape
 
     latest = payload.latest
@@ -137,5 +138,10 @@ def status_html(
     if sample is not None and getattr(sample, "degraded", None):
         parts.append(f"<i>{escape(sample.degraded)}</i>")
     if note:
-        parts.append(f"<i>{escape(note)}</i>")
+        text = f"<i>{escape(note)}</i>"
+        if link is not None:
+            url, label = link
+            text += (f' <a class="allocconf-download" href="{escape(url, quote=True)}" download '
+                     f'target="_blank" style="text-decoration:underline">{escape(label)}</a>')
+        parts.append(text)
     return " · ".join(parts)

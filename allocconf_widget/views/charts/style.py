@@ -46,6 +46,7 @@ COLORS = {
     "oom": "#d62728",
     "cell": "rgba(31,119,180,0.10)",
     "note": "#8c8c8c",
+    "idle": "rgba(140,140,140,0.18)",
 }
 
 STATE_COLORS = {

@@ -36,6 +36,8 @@ from allocconf_widget.views.charts.style import (
 _FONT = "font-family:var(--jp-ui-font-family,system-ui,sans-serif);font-size:11px"
 _DASH = {"active": "4 2", "cached_share": "5 3", "non_pytorch": "2 2"}
 _DRAW_ORDER = ("non_pytorch", "active", "reserved", "allocated")  # allocated on top of active
+_SPARSE = frozenset({"fragmentation"})
+"""Series measured only on some samples (a snapshot's): drawn through their points, gaps joined."""
 
 
 @dataclass(frozen=True)
@@ -74,13 +76,14 @@ def _num(value: float) -> str:
     return text[:-2] if text.endswith(".0") else text
 
 
-def _path(frame: _Frame, xs: Sequence[float], ys: Sequence[float | None], y_max: float) -> str:
-    """An SVG path through the points; gaps (None) start a new subpath."""
+def _path(frame: _Frame, xs: Sequence[float], ys: Sequence[float | None], y_max: float,
+          join_gaps: bool = False) -> str:
+    """An SVG path through the points; gaps (None) start a new subpath unless ``join_gaps``."""
     parts: list[str] = []
     pen_down = False
     for x, y in zip(xs, ys, strict=True):
         if y is None:
-            pen_down = False
+            pen_down = pen_down and join_gaps
             continue
         parts.append(("L" if pen_down else "M") + f"{_num(frame.px(x))} {_num(frame.py(y, y_max))}")
         pen_down = True
@@ -95,12 +98,19 @@ def _series_paths(frame: _Frame, payload: RenderPayload, names: Iterable[str], y
         if not ys or all(v is None for v in ys):
             continue
         scaled = [None if v is None else v * scale for v in ys]
-        d = _path(frame, payload.x, scaled, y_max)
+        sparse = name in _SPARSE
+        d = _path(frame, payload.x, scaled, y_max, join_gaps=sparse)
         dash = f' stroke-dasharray="{_DASH[name]}"' if name in _DASH else ""
         width = "2" if name in ("reserved", "allocated") else "1.3"
+        dots = ""
+        if sparse and sum(v is not None for v in scaled) <= 60:  # few measurements: show each one
+            dots = "".join(f'<circle cx="{_num(frame.px(x))}" cy="{_num(frame.py(y, y_max))}" r="2"/>'
+                           for x, y in zip(payload.x, scaled, strict=True) if y is not None)
+            dots = f'<g fill="{COLORS[name]}">{dots}</g>'
         out.append(
-            f'<path d="{d}" fill="none" stroke="{COLORS[name]}" stroke-width="{width}"{dash}>'
-            f"<title>{escape(LABELS[name])}: {escape(HELP.get(name, ''))}</title></path>"
+            f'<path class="allocconf-series-{name}" d="{d}" fill="none" stroke="{COLORS[name]}" '
+            f'stroke-width="{width}"{dash}>'
+            f"<title>{escape(LABELS[name])}: {escape(HELP.get(name, ''))}</title></path>{dots}"
         )
     return out
 
@@ -115,6 +125,12 @@ def _markers(frame: _Frame, markers: Sequence[Marker]) -> list[str]:
             w = max(1.0, frame.px(m.x_end) - x)
             out.append(f'<rect x="{_num(x)}" y="{top}" width="{_num(w)}" height="{bottom - top}" '
                        f'fill="{COLORS["cell"]}">{title}</rect>')
+        elif m.kind == "idle":
+            w = max(2.0, frame.px(m.x_end if m.x_end is not None else m.x) - x)
+            out.append(f'<g class="allocconf-idle"><rect x="{_num(x)}" y="{top}" width="{_num(w)}" '
+                       f'height="{bottom - top}" fill="{COLORS["idle"]}"/>'
+                       f'<text x="{_num(x + 3)}" y="{top + 11}" fill="{COLORS["note"]}">'
+                       f"{escape(m.label)}</text>{title}</g>")
         elif m.kind == "oom":
             out.append(f'<g><line x1="{_num(x)}" x2="{_num(x)}" y1="{top}" y2="{bottom}" '
                        f'stroke="{COLORS["oom"]}" stroke-width="2"/>'

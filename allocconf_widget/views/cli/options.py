@@ -19,6 +19,8 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--torch-version", metavar="X.Y",
                         help="release (default: installed torch, else newest modelled)")
+    parser.add_argument("--width", type=int, metavar="COLUMNS",
+                        help="wrap the table to this many columns (default: the terminal's width)")
     out = parser.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="machine-readable rows")
     out.add_argument("--markdown", action="store_true",
@@ -45,5 +47,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"torch_version": str(version), "options": option_rows(version)}))
     else:
-        print(render_text(version))
+        import shutil
+
+        width = args.width if args.width else shutil.get_terminal_size().columns
+        print(render_text(version, width=max(60, width)))
     return 0

@@ -40,15 +40,22 @@ def register(subparsers: Any) -> None:
     p = add("unset", help="stage options back to torch's defaults")
     p.add_argument("options", nargs="+")
     p.set_defaults(handler=run_unset)
-    p = add("apply", help="apply the staged settings now (the right way for this runtime) and save them")
+    p = add("apply", help="apply the staged settings now (the right way for this runtime) and save them "
+            "for this project")
     p.add_argument("--no-save", action="store_true", help="do not save them for kernel restarts")
+    p.add_argument("--global", dest="global_", action="store_true",
+                   help="save them as the global default (for projects without settings of their "
+                   "own) instead of for this project")
     p.set_defaults(handler=run_apply)
     p = add("reset", help="stage torch's defaults (unset every option); --apply to apply at once")
     p.add_argument("--apply", action="store_true")
     p.set_defaults(handler=run_reset)
     p = add("discard", help="drop staged changes, back to what is in effect")
     p.set_defaults(handler=run_discard)
-    p = add("forget", help="delete the saved settings (new kernels start from torch's defaults)")
+    p = add("forget", help="delete this project's saved settings (new kernels use the global default, "
+            "else torch's defaults)")
+    p.add_argument("--global", dest="global_", action="store_true",
+                   help="delete the global default instead")
     p.set_defaults(handler=run_forget)
     p = add("snippet", help="copyable %%env / os.environ / export lines for the staged settings")
     p.set_defaults(handler=run_snippet)
@@ -86,8 +93,8 @@ def run_show(_args: argparse.Namespace, ctx: Any) -> dict[str, Any]:
     else:
         print(f"Effective: {check.summary()}")
     saved = persist.load(state.version)
-    print(f"Saved:     {saved.conf.to_string() or '(defaults)'} in {saved.path}" if saved
-          else "Saved:     nothing (apply saves)")
+    print(f"Saved:     {saved.conf.to_string() or '(defaults)'} as {saved.describe_source()}" if saved
+          else "Saved:     nothing for this project (apply saves)")
     return {"state": state, "requested": current, "readback": check, "saved": saved}
 
 
@@ -116,8 +123,15 @@ def _parse_settings(items: list[str]) -> tuple[dict[str, str | None], str | None
 
 
 def run_set(args: argparse.Namespace, ctx: Any) -> Any:
+    from allocconf_widget.core.config.envvars import strip_variable_prefix
+
     session = ctx.session
-    options, whole = _parse_settings(args.settings)
+    items = list(args.settings)
+    pasted, value = strip_variable_prefix(" ".join(items))
+    if pasted is not None:  # a pasted `PYTORCH_CUDA_ALLOC_CONF=a:1`: the name is not an option
+        print(f"note: dropped the variable name {pasted}= and staged only its value")
+        items = [value]
+    options, whole = _parse_settings(items)
     if whole is not None:
         conf = parse_conf(whole, session.state().version, warn=False)
         staged = session.stage(conf if args.replace else session.staged().merge(conf))
@@ -158,12 +172,16 @@ def _print_warnings(conf: Any) -> None:
 
 def run_apply(args: argparse.Namespace, ctx: Any) -> Any:
     from allocconf_widget.adapters.effective_settings import read_back
+    from allocconf_widget.app.session import save_settings
 
-    result = ctx.session.apply(save=not args.no_save)
+    as_global = getattr(args, "global_", False)
+    result = ctx.session.apply(save=not args.no_save and not as_global)
     _print_warnings(result.requested)
     print(result.summary())
     if ctx.session.last_save is not None:
         print(ctx.session.last_save.message())
+    if as_global and not args.no_save:
+        print(save_settings(result.requested, "global").message())
     check = read_back(result.requested, applied_by_setter=result.setter_called is not None)
     if check is not None:
         print(check.summary())
@@ -176,7 +194,7 @@ def run_reset(args: argparse.Namespace, ctx: Any) -> Any:
     staged = ctx.session.stage(parse_conf("", ctx.session.state().version, warn=False))
     print("Staged torch's defaults (every option unset).")
     if args.apply:
-        return run_apply(argparse.Namespace(no_save=False), ctx)
+        return run_apply(argparse.Namespace(no_save=False, global_=False), ctx)
     return staged
 
 
@@ -185,14 +203,16 @@ def run_discard(_args: argparse.Namespace, ctx: Any) -> None:
     print("Staged changes dropped.")
 
 
-def run_forget(_args: argparse.Namespace, _ctx: Any) -> bool:
+def run_forget(args: argparse.Namespace, _ctx: Any) -> bool:
+    scope: persist.Scope = "global" if getattr(args, "global_", False) else "project"
     try:
-        path = persist.settings_path()
-        removed = persist.forget()
+        path = persist.settings_path(scope)
+        removed = persist.forget(scope)
     except OSError as exc:
         raise AllocConfError(f"the saved settings cannot be removed: {exc}",
                              fix="remove the file by hand, or set XDG_CONFIG_HOME elsewhere") from None
-    print(f"Removed {path}." if removed else "Nothing was saved.")
+    what = "the global default" if scope == "global" else "this project's saved settings"
+    print(f"Removed {what} ({path})." if removed else f"Nothing was saved as {what} ({path}).")
     return removed
 
 
@@ -223,8 +243,8 @@ def run_restart(_args: argparse.Namespace, ctx: Any) -> Any:
               "(%allocconf apply first to keep them).")
     print(f"Saved {conf.to_string() or '(torch defaults)'} to {saved.path}; "
           "run %load_ext allocconf_widget first in the new kernel to re-apply it.")
-    outcome = restart()
-    print(outcome.message)
+    outcome = restart(notify=lambda line: print(line, flush=True))
+    print(outcome.message, flush=True)
     return outcome
 
 
@@ -242,27 +262,64 @@ def restore_saved_settings(print_to: IO[str] = sys.stdout, session: Any = None) 
         return None
 
 
+def _env_text(set_vars: dict[str, str]) -> str:
+    return ", ".join(f"{name}={value!r}" for name, value in set_vars.items())
+
+
 def _restore(print_to: IO[str], session: Any) -> Any:
+    """Apply this project's saved settings (else the global default) and say, in one line,
+    what was applied, from which file, and what it replaced."""
     from allocconf_widget.adapters.apply import apply
     from allocconf_widget.adapters.runtime_state import detect_state
+
+    def say(text: str) -> None:
+        print(f"allocconf_widget: {text}", file=print_to)
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", AllocConfWarning)
         saved = persist.load()
-    for warning in caught:  # a corrupt file: say so, never crash the kernel
-        print(f"allocconf_widget: {warning.message}", file=print_to)
-    if saved is None:
-        return None
+    problems = [printable(str(w.message), 400) for w in caught]
     state = detect_state()
+    before = dict(state.env.set_vars)
+    exported = _env_text(before)
+    if saved is None:  # still one line: what is in effect, and why
+        why = f"{'; '.join(problems)}; " if problems else ""
+        now = (f"{exported} from the environment applies" if before
+               else "torch's defaults apply")
+        say(f"{why}no saved settings ({_looked_in()}); {now}.")
+        return None
+    exported_valid = bool(before) and not state.env.problems
+    if saved.scope == "global" and exported_valid:
+        conf_text = saved.conf.to_string() or "(defaults)"
+        say(f"kept {exported} exported before the kernel started; the global default "
+            f"{conf_text!r} in {saved.path} was not applied (%allocconf apply saves settings for "
+            "this project, which take precedence).")
+        return None
     try:
         result = apply(saved.conf, state=state)
         if session is not None:
             session.adopt(saved.conf, result)
     except (AllocConfError, RuntimeError) as exc:
-        print(f"allocconf_widget: could not re-apply saved settings from {saved.path}: {exc}",
-              file=print_to)
+        say(f"could not re-apply {saved.describe_source()}: {exc}")
         return None
-    late = "" if state.phase is Phase.NOT_IMPORTED else f" (torch was already imported: {state.phase.value})"
-    print(f"allocconf_widget: re-applied saved settings {saved.conf.to_string() or '(defaults)'!r} "
-          f"via {result.variable} from {saved.path}{late}; %allocconf forget to stop.", file=print_to)
+    import os
+
+    changed = {name: value for name, value in before.items() if os.environ.get(name) != value}
+    if changed:
+        replaced = f"replacing {_env_text(changed)} exported before the kernel started"
+    elif before:
+        replaced = f"the same as {exported} already set"
+    else:
+        replaced = "no variable was set before"
+    late = "" if state.phase is Phase.NOT_IMPORTED else f"; torch was already imported ({state.phase.value})"
+    say(f"re-applied {saved.conf.to_string() or '(defaults)'!r} via {result.variable} from "
+        f"{saved.describe_source()}; {replaced}{late}. %allocconf forget to stop.")
     return result
+
+
+def _looked_in() -> str:
+    try:
+        return (f"project {persist.project_dir()}: looked in {persist.project_settings_path()} "
+                f"and the global {persist.global_settings_path()}")
+    except persist.NoConfigDirError:
+        return f"project {persist.project_dir()}: no settings folder is known"

@@ -2,7 +2,8 @@
 
 Shape borrowed from memray's magic: one parser built by a factory (its help
 becomes the magic's docstring, so ``%allocconf?`` shows real usage), the line
-split with ``shlex``, argparse's ``SystemExit`` swallowed after it printed
+split by :func:`~allocconf_widget.views.magic.completion.split_args` (``shlex``
+that keeps backslashes, for Windows paths), argparse's ``SystemExit`` swallowed after it printed
 help, and every user error raised as IPython's ``UsageError``. Subcommands of
 later features live in ``magic_<name>.py`` modules that expose
 ``register(subparsers)``; their handlers take ``(args, ctx)``.
@@ -12,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import shlex
 import sys
 from dataclasses import dataclass
 from typing import Any
 
 from allocconf_widget._errors import AllocConfError, RuntimeStateError, SnapshotError
 from allocconf_widget.views.magic import core as magic_core
+from allocconf_widget.views.magic.completion import register_completer, split_args
 
 _PLUGIN_MODULES = ("monitor", "simulate", "ranks", "flight")
 
@@ -75,7 +76,7 @@ def _magics_class() -> Any:
 
             parser = build_parser()
             try:
-                args = parser.parse_args(shlex.split(line))
+                args = parser.parse_args(split_args(line))
             except SystemExit:  # -h/--help printed the help already
                 return None
             except ValueError as exc:
@@ -101,6 +102,7 @@ def load_extension(ipython: Any) -> None:
     from allocconf_widget.app.session import get_session
 
     ipython.register_magics(_magics_class())
+    register_completer(ipython, build_parser)
     magic_core.restore_saved_settings(print_to=sys.stdout, session=get_session(ipython))
     try:
         from allocconf_widget.views.widgets.oom import install_oom_assistant

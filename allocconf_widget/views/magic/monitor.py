@@ -28,6 +28,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--renderer", choices=RENDERERS, default="auto",
                    help="figurewidget (plotly, JupyterLab/Notebook 7) or svg (works everywhere)")
     p.add_argument("--demo", action="store_true", help="replay the bundled H200 recording")
+    p.add_argument("--keep-idle", action="store_true",
+                   help="replay in real time: do not cut stretches where no memory counter moved")
     p.add_argument("--step-sync", action="store_true",
                    help="sample once per optimizer step on the training thread (for Colab)")
     p.set_defaults(handler=run_monitor)
@@ -79,7 +81,7 @@ def run_monitor(args: argparse.Namespace, _ctx: Any) -> Any:
     try:
         view = monitor.start_monitor(interval=args.interval, device=args.device,
                                      renderer=args.renderer, demo=True if args.demo else None,
-                                     step_sync=args.step_sync)
+                                     step_sync=args.step_sync, skip_idle=not args.keep_idle)
     except (ValueError, RuntimeError) as exc:
         raise _usage(str(exc)) from None
     if _in_terminal():

@@ -27,7 +27,7 @@ from typing import Any
 
 from allocconf_widget.adapters import nvml, torch_private
 from allocconf_widget.adapters.frontend import Frontend, detect_frontend
-from allocconf_widget.adapters.replay import ReplaySampler
+from allocconf_widget.adapters.replay import IDLE_SKIP_S, ReplaySampler
 from allocconf_widget.adapters.sampler import OK, Sampler
 from allocconf_widget.core.memory.recording import Recording, load_demo
 from allocconf_widget.views.charts.monitor_render import (
@@ -98,6 +98,8 @@ class MonitorView:
         self._last_render = 0.0
         self._last_version: Any = None
         self._note: str | None = None
+        self._link: tuple[str, str] | None = None  # (url, text) of the last export
+        self.last_export: Path | None = None
         self._remove_listener: Any = None
         self._events: list[tuple[str, Any]] = []
         self._oom_seen_at = 0.0
@@ -121,18 +123,19 @@ class MonitorView:
         self.device_picker.add_class("allocconf-monitor-device")
         self.device_picker.observe(self._on_device, names="value")
         self.segments = widgets.HTML(value="")
-        self.segments.add_class("allocconf-monitor-segments")
+        self.segments.add_class("allocconf-monitor-segmap")
         self.buttons = {}
         for name, text, tip, handler in (
             ("start", "Start", "start (or resume) sampling", self._on_start),
             ("stop", "Stop", "stop sampling; the chart stays", self._on_stop),
             ("segments", "Segments", "show how full each cached segment is (one snapshot)",
              self._on_segments),
-            ("csv", "Export CSV", "write the timeline to ./allocconf-timeline-<time>.csv", self._on_csv),
-            ("json", "Export JSON", "write the timeline to ./allocconf-timeline-<time>.json",
+            ("csv", "Export CSV", "write the timeline to ./allocconf-exports/ (with a download link)",
+             self._on_csv),
+            ("json", "Export JSON", "write the timeline to ./allocconf-exports/ (with a download link)",
              self._on_json),
-            ("snapshot", "Save snapshot", "write a snapshot pickle for pytorch.org/memory_viz",
-             self._on_snapshot),
+            ("snapshot", "Save snapshot", "write a snapshot pickle for pytorch.org/memory_viz into "
+             "./allocconf-exports/", self._on_snapshot),
         ):
             button = widgets.Button(description=text, tooltip=tip)
             button.add_class(f"allocconf-monitor-{name}")
@@ -263,7 +266,7 @@ class MonitorView:
         sample = self.source.latest.get(device) or self.source.latest.get(None)
         self.status.value = status_html(payload=payload, state=self._state_text(),
                                         overhead=self.source.overhead(), sample=sample,
-                                        note=self._note)
+                                        note=self._note, link=self._link)
 
     def _empty_text(self) -> str:
         latest = self.source.latest.get(None)
@@ -275,7 +278,7 @@ class MonitorView:
         if isinstance(self.source, ReplaySampler):
             state = self.source.status.replace("_", " ")
             if self.source.status == "replay_finished":
-                state += " (Start replays it again)"
+                state += " (Start replays it on a new chart)"
             return state
         if not self.running:
             error = getattr(self.source, "last_error", None)
@@ -314,40 +317,58 @@ class MonitorView:
     def _on_stop(self, _button: Any = None) -> None:
         self.stop()
 
-    def _say(self, note: str) -> None:
+    def _say(self, note: str, link: tuple[str, str] | None = None) -> None:
         with self._lock:
             self._note = note
+            self._link = link
         self.refresh(force=True)
+
+    def _export(self, what: str, write: Any, hint: str = "") -> None:
+        """Write one export into ./allocconf-exports/ and show where, with a download link."""
+        from allocconf_widget.adapters.frontend import download_link
+
+        try:
+            path = Path(write())
+        except Exception as exc:  # show, don't raise into the widget callback machinery
+            self._say(f"failed: {exc}")
+            return
+        self.last_export = path
+        try:
+            shown = path.relative_to(Path.cwd())
+        except ValueError:
+            shown = path
+        link = download_link(path, self.frontend)
+        note = f"{what} written to {shown}{hint}"
+        if link.note:
+            note += f" ({link.note})"
+        self._say(note, (link.url, "download") if link.url else None)
 
     def _on_csv(self, _button: Any = None) -> None:
         from allocconf_widget.app.exports import write_timeline_csv
 
-        self._guarded(lambda: f"timeline written to {write_timeline_csv(self.source.timeline)}")
+        self._export("timeline", lambda: write_timeline_csv(self.source.timeline))
 
     def _on_json(self, _button: Any = None) -> None:
         from allocconf_widget.app.exports import write_timeline_json
 
         meta = {"recording": self.recording.label} if self.recording is not None else {}
-        self._guarded(lambda: "timeline written to "
-                      f"{write_timeline_json(self.source.timeline, meta=meta)}")
+        self._export("timeline", lambda: write_timeline_json(self.source.timeline, meta=meta))
 
     def _on_snapshot(self, _button: Any = None) -> None:
         from allocconf_widget.app.exports import write_live_snapshot, write_snapshot
 
         if self.recording is not None:
             rec = self.recording
-            self._guarded(lambda: f"recording's snapshot written to "
-                          f"{write_snapshot(rec.snapshot(), kind='recording')}")
+            self._export("recording's snapshot",
+                         lambda: write_snapshot(rec.snapshot(), kind="recording"))
         else:
-            self._guarded(lambda: f"snapshot written to {write_live_snapshot()} "
-                          "(open it at pytorch.org/memory_viz)")
+            self._export("snapshot", write_live_snapshot, " (open it at pytorch.org/memory_viz)")
 
     def _on_segments(self, _button: Any = None) -> None:
         self._guarded(self._show_segments)
 
     def _show_segments(self) -> str:
-        from allocconf_widget.core.memory.metrics import segment_metrics
-        from allocconf_widget.views.charts.svg import segment_strip_svg
+        from allocconf_widget.views.charts.segment_svg import segment_panel_html
 
         device = self._device or 0
         if self.recording is not None:
@@ -361,9 +382,8 @@ class MonitorView:
             segments = [s for s in torch_private.trace_free_snapshot(torch)
                         if s.get("device", 0) == device]
             title = f"segments now (GPU {device})"
-        fills = segment_metrics(segments, include_segments=True).segments
-        self.segments.value = segment_strip_svg(fills, title=title)
-        return f"{len(fills)} segments shown below"
+        self.segments.value = segment_panel_html(segments, device=device, title=title)
+        return f"{len(segments)} segments shown below"
 
     def _guarded(self, action: Any) -> None:
         try:
@@ -446,6 +466,7 @@ def start_monitor(
     renderer: str = "auto",
     demo: bool | None = None,
     step_sync: bool = False,
+    skip_idle: bool = True,
 ) -> MonitorView:
     """Start the memory monitor and return its view (display it, or use ``view.widget``).
 
@@ -458,6 +479,8 @@ def start_monitor(
         step_sync: sample once per optimizer step from the training loop's own
             thread (x axis: step); the mode for Colab, where updates sent from a
             background thread may not be drawn.
+        skip_idle: in a replay, cut stretches where no memory counter moved for more than
+            a second (the recording's 6 s of set-up) to half a second, marked on the chart.
 
     A monitor that is already running is stopped first (one at a time).
     """
@@ -471,7 +494,7 @@ def start_monitor(
     recording = load_demo() if replay else None
     source: Sampler | ReplaySampler
     if recording is not None:
-        source = ReplaySampler(recording, interval=interval)
+        source = ReplaySampler(recording, interval=interval, skip_idle=IDLE_SKIP_S if skip_idle else None)
     else:
         source = Sampler(interval=interval, step_sync=step_sync)
     view = MonitorView(source, renderer=renderer, device=device, recording=recording, shell=_shell())
