@@ -137,7 +137,7 @@ class MonitorView:
             ("snapshot", "Save snapshot", "write a snapshot pickle for pytorch.org/memory_viz into "
              "./allocconf-exports/", self._on_snapshot),
         ):
-            button = widgets.Button(description=text, tooltip=tip)
+            button = widgets.Button(description=text, tooltip=tip, layout=widgets.Layout(width="auto"))
             button.add_class(f"allocconf-monitor-{name}")
             button.on_click(handler)
             self.buttons[name] = button
