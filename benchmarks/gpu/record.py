@@ -50,6 +50,8 @@ FRACTION_SETTINGS: dict[str, str] = {
     "frac_expandable": "expandable_segments:True",
     "frac_split128": "max_split_size_mb:128",
 }
+CHILD_TIMEOUT_S = 300  # a run that hangs (a compile gone wrong) must not take the whole call
+
 _STAT_KEYS = (
     "reserved_bytes.all.current", "allocated_bytes.all.current", "active_bytes.all.current",
     "requested_bytes.all.current", "inactive_split_bytes.all.current",
@@ -104,6 +106,7 @@ def _child(workload: str, conf: str, fraction: float | None, out: Path, frames: 
     with out.with_suffix(".pickle").open("wb") as fh:
         pickle.dump(snap, fh, protocol=4)
     free1, _ = torch.cuda.mem_get_info(0)
+    reserved1 = int(stats.get("reserved_bytes.all.current", 0))
     meta = {
         "name": name,
         "workload": workload,
@@ -114,6 +117,9 @@ def _child(workload: str, conf: str, fraction: float | None, out: Path, frames: 
         "device_total_bytes": total,
         "free_at_start_bytes": free0,
         "free_at_end_bytes": free1,
+        "reserved_at_end_bytes": reserved1,
+        # memory in use on the device that the caching allocator does not hold (context, libraries)
+        "non_pytorch_at_end_bytes": total - free1 - reserved1,
         "wall_s": round(wall, 3),
         "oom": oom,
         "stats": {k: stats.get(k) for k in _PEAK_KEYS},
@@ -140,7 +146,14 @@ def _spawn(workload: str, name: str, conf: str, fraction: float | None, out_dir:
     if frames:
         cmd.append("--frames")
     t = time.time()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False,
+                              timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        result_t = {"workload": workload, "name": name, "conf": conf, "fraction": fraction,
+                    "rc": None, "timeout_s": CHILD_TIMEOUT_S}
+        print(json.dumps(result_t), flush=True)
+        return result_t
     result: dict[str, object] = {"workload": workload, "name": name, "conf": conf,
                                  "fraction": fraction, "rc": proc.returncode,
                                  "seconds": round(time.time() - t, 2)}
@@ -160,28 +173,43 @@ def _parent(args: argparse.Namespace) -> None:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     workloads = args.workloads.split(",")
+    settings = {k: v for k, v in SETTINGS.items() if not args.settings or k in args.settings.split(",")}
+    fractions = {k: v for k, v in FRACTION_SETTINGS.items()
+                 if not args.fraction_settings or k in args.fraction_settings.split(",")}
+    no_fraction = set(args.no_fraction.split(",")) if args.no_fraction else set()
+    deadline = time.time() + args.deadline if args.deadline else None
     index: list[dict[str, object]] = []
+
+    def spawn(*a: object, **kw: object) -> dict[str, object]:
+        if deadline is not None and time.time() > deadline:
+            result = {"workload": a[0], "name": a[1], "rc": None, "skipped": "deadline"}
+            print(json.dumps(result), flush=True)
+            return result
+        return _spawn(*a, **kw)  # type: ignore[arg-type]
+
     with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
-        firsts = list(pool.map(lambda w: _spawn(w, "default", "", None, out_dir), workloads))
-        defaults = dict(zip(workloads, firsts, strict=True))
-        index.extend(defaults.values())
-        jobs = []
-        for w in workloads:
-            for name, conf in SETTINGS.items():
-                if name != "default":
-                    jobs.append(pool.submit(_spawn, w, name, conf, None, out_dir))
-            base = defaults[w]
-            if base["rc"] == 0:
-                meta = json.loads((out_dir / f"{w}__default.json").read_text())
-                peak_a = int(meta["stats"]["allocated_bytes.all.peak"])
-                peak_r = int(meta["stats"]["reserved_bytes.all.peak"])
-                limit = max(int(peak_a * 1.12), (peak_a + peak_r) // 2)
-                fraction = round(limit / meta["device_total_bytes"], 6)
-                for name, conf in FRACTION_SETTINGS.items():
-                    jobs.append(pool.submit(_spawn, w, name, conf, fraction, out_dir))
-        if "cnn" in workloads:
-            jobs.append(pool.submit(_spawn, "cnn", "frames", "", None, out_dir, True))
-        index.extend(j.result() for j in jobs)
+        # defaults first, then the other settings (they need nothing from the default run);
+        # each workload's fraction runs are queued as soon as its default run has given the limit
+        firsts = {w: pool.submit(spawn, w, "default", "", None, out_dir) for w in workloads}
+        jobs = [pool.submit(spawn, w, name, conf, None, out_dir)
+                for w in workloads for name, conf in settings.items() if name != "default"]
+        if "cnn" in workloads and not args.settings:
+            jobs.append(pool.submit(spawn, "cnn", "frames", "", None, out_dir, True))
+        fraction_jobs = []
+        for fut in concurrent.futures.as_completed(list(firsts.values())):
+            base = fut.result()
+            index.append(base)
+            w = str(base["workload"])
+            if base.get("rc") != 0 or w in no_fraction:
+                continue
+            meta = json.loads((out_dir / f"{w}__default.json").read_text())
+            peak_a = int(meta["stats"]["allocated_bytes.all.peak"])
+            peak_r = int(meta["stats"]["reserved_bytes.all.peak"])
+            limit = max(int(peak_a * 1.12), (peak_a + peak_r) // 2)
+            fraction = round(limit / meta["device_total_bytes"], 6)
+            for name, conf in fractions.items():
+                fraction_jobs.append(pool.submit(spawn, w, name, conf, fraction, out_dir))
+        index.extend(j.result() for j in jobs + fraction_jobs)
     (out_dir / "index.json").write_text(json.dumps(index, indent=1))
 
 
@@ -195,6 +223,11 @@ def main() -> None:
     parser.add_argument("--stem")
     parser.add_argument("--fraction", type=float)
     parser.add_argument("--frames", action="store_true")
+    parser.add_argument("--settings", default="", help="names from SETTINGS to run (default: all)")
+    parser.add_argument("--fraction-settings", default="", help="names from FRACTION_SETTINGS")
+    parser.add_argument("--no-fraction", default="", help="workloads that get no fraction runs")
+    parser.add_argument("--deadline", type=float, default=0.0,
+                        help="seconds after which no new run starts (0: none)")
     args = parser.parse_args()
     if args.child:
         _child(args.child, args.conf, args.fraction, Path(args.stem), args.frames)

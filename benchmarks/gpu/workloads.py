@@ -162,3 +162,157 @@ WORKLOADS: dict[str, Callable[..., None]] = {
     "mixed": mixed,
     "streams": streams,
 }
+
+
+# ------------------------------------------------------------------ notebook habits (issue 12)
+# The patterns notebooks have that the five workloads above do not: empty_cache() between
+# phases, two streams handing tensors over with record_stream, CUDA graph private pools from
+# torch.compile(mode="reduce-overhead"), a user MemPool, and a memory fraction lowered mid-run.
+
+
+def resnet_ec(device: torch.device, log_step: StepLogger, cycles: int = 2) -> None:
+    """torchvision ResNet-50: train, ``gc.collect(); empty_cache()``, eval at larger batches, again."""
+    import gc
+
+    import torchvision
+
+    _set_determinism()
+    rng = random.Random(6)
+    model = torchvision.models.resnet50(weights=None).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    step = 0
+    for _ in range(cycles):
+        model.train()
+        for _ in range(4):
+            log_step(step)
+            step += 1
+            batch = rng.choice([16, 24, 32])
+            res = rng.choice([160, 192, 224])
+            x = torch.randn(batch, 3, res, res, device=device)
+            y = torch.randint(0, 1000, (batch,), device=device)
+            opt.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            del x, y, loss
+        gc.collect()
+        torch.cuda.empty_cache()
+        model.eval()
+        with torch.no_grad():
+            for _ in range(3):
+                log_step(step)
+                step += 1
+                x = torch.randn(rng.choice([64, 96, 128]), 3, 224, 224, device=device)
+                pred = model(x).argmax(1)
+                del x, pred
+        gc.collect()
+        torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+
+
+def streams2(device: torch.device, log_step: StepLogger, steps: int = 40) -> None:
+    """Equal-size tensors made on a side stream, consumed on the default stream, ``record_stream``,
+    deleted; the default stream allocates outputs of the same sizes (the tie-break case)."""
+    _set_determinism()
+    rng = random.Random(7)
+    side = torch.cuda.Stream(device)
+    main = torch.cuda.current_stream(device)
+    weight = torch.randn(2048, 2048, device=device)
+    for step in range(steps):
+        log_step(step)
+        rows = rng.choice([1024, 3072, 6144])  # 8, 24, 48 MiB of float32
+        with torch.cuda.stream(side):
+            parts = [torch.randn(rows, 2048, device=device) for _ in range(rng.choice([3, 4, 5]))]
+            scratch = torch.empty(rng.randint(1, 40) << 20, dtype=torch.uint8, device=device)
+        main.wait_stream(side)
+        outs = []
+        for p in parts:
+            p.record_stream(main)
+            outs.append(torch.relu(p @ weight))
+        del parts, scratch
+        total = torch.stack([o.sum() for o in outs]).sum()
+        del outs, total
+    torch.cuda.synchronize()
+
+
+def compiled(device: torch.device, log_step: StepLogger, steps: int = 24) -> None:
+    """A small transformer under ``torch.compile(mode="reduce-overhead")`` over three input shapes:
+    CUDA graph trees capture into a private pool and re-record for each new shape."""
+    _set_determinism()
+    layer = nn.TransformerEncoderLayer(512, 8, 2048, dropout=0.0, batch_first=True)
+    model = nn.TransformerEncoder(layer, 4, enable_nested_tensor=False).to(device).eval()
+    fn = torch.compile(model, mode="reduce-overhead")
+    shapes = [(16, 128), (8, 256), (4, 512)]
+    for step in range(steps):
+        log_step(step)
+        batch, seq = shapes[(step // 2) % 3] if step < 12 else shapes[step % 3]
+        torch.compiler.cudagraph_mark_step_begin()
+        x = torch.randn(batch, seq, 512, device=device)
+        with torch.no_grad():
+            y = fn(x)
+        out = y.float().mean()
+        del x, y, out
+    torch.cuda.synchronize()
+
+
+def mempool(device: torch.device, log_step: StepLogger, steps: int = 36) -> None:
+    """Allocations routed to a ``torch.cuda.MemPool`` with ``use_mem_pool`` beside the default pool."""
+    _set_determinism()
+    rng = random.Random(8)
+    pool = torch.cuda.MemPool()
+    kept: list[torch.Tensor] = []
+    for step in range(steps):
+        log_step(step)
+        with torch.cuda.use_mem_pool(pool):
+            a = torch.empty(rng.choice([3, 12, 40, 72]) << 20, dtype=torch.uint8, device=device)
+            b = torch.empty(rng.randint(1, 900) << 10, dtype=torch.uint8, device=device)
+        c = torch.empty(rng.choice([6, 12, 40, 72]) << 20, dtype=torch.uint8, device=device)
+        d = torch.empty(rng.randint(1, 900) << 10, dtype=torch.uint8, device=device)
+        if step % 3 == 0:
+            kept.append(a)
+        del a, b, d
+        if rng.random() < 0.5:
+            kept.append(c)
+        del c
+        while len(kept) > 8:
+            kept.pop(rng.randrange(len(kept)))
+    kept.clear()
+    torch.cuda.synchronize()
+    del pool
+
+
+def fracmid(device: torch.device, log_step: StepLogger, ops: int = 6000) -> None:
+    """Random tensors, then ``set_per_process_memory_fraction`` lowered below what is reserved,
+    then more random tensors: the allocator's OOM path releases cached segments (no error)."""
+    rng = random.Random(9)
+    total = torch.cuda.get_device_properties(device).total_memory
+
+    def churn(cap: int, n: int, first: int) -> None:
+        live: list[torch.Tensor] = []
+        live_bytes = 0
+        for op in range(n):
+            if op % 1000 == 0:
+                log_step(first + op // 1000)
+            if live and (live_bytes > cap or rng.random() < 0.47):
+                t = live.pop(rng.randrange(len(live)))
+                live_bytes -= t.numel()
+                del t
+            else:
+                size = int(2 ** rng.uniform(20, 27))
+                live.append(torch.empty(size, dtype=torch.uint8, device=device))
+                live_bytes += size
+        live.clear()
+
+    churn(3 << 30, ops, 0)
+    torch.cuda.set_per_process_memory_fraction((4 << 30) / total, device)
+    churn(2 << 30, ops, 100)
+    torch.cuda.synchronize()
+
+
+WORKLOADS.update({
+    "resnet_ec": resnet_ec,
+    "streams2": streams2,
+    "compiled": compiled,
+    "mempool": mempool,
+    "fracmid": fracmid,
+})

@@ -348,7 +348,7 @@ def check_cuts(path: Path, fractions: tuple[float, ...], *, exact: bool,
     counts = {"cuts": 0, "identical": 0, "replay_exact": 0, "final_equal": 0, "true_state_exact": 0}
     for k in clean_cuts(entries, fractions, split_pair=split_pair):
         counts["cuts"] += 1
-        forward = replay_state(decode_entries(entries[:k]), s, device_total=total, non_pytorch_bytes=other)
+        forward = replay_state(decode_entries(entries[:k], recorded_gc=s.gc_threshold > 0), s, device_total=total, non_pytorch_bytes=other)
         backward = reconstruct_initial_state(entries[k:], final, s)
         where = f"{path.name} cut at {k}"
         why = f"{where}: {backward.differences(forward)}"
@@ -363,7 +363,7 @@ def check_cuts(path: Path, fractions: tuple[float, ...], *, exact: bool,
         assert trace.initial_state is not None and trace.initial_state.same_as(backward), where
         # replaying the rest from the true state reproduces the run (GC ages of blocks
         # cached before the cut are unknown, so GC runs may differ)
-        from_true = decode_entries(entries[k:], initial_state=forward)
+        from_true = decode_entries(entries[k:], initial_state=forward, recorded_gc=s.gc_threshold > 0)
         fidelity = self_check(from_true, s, device_total=total, non_pytorch_bytes=other)
         end = replay_state(from_true, s, device_total=total, non_pytorch_bytes=other)
         true_ok = fidelity.exact and fidelity.peak_matches and end.same_as(final)

@@ -97,11 +97,25 @@ def test_segment_events_kept_aside_and_empty_cache_inferred() -> None:
     assert t.recorded_reserved_peak() == 2 * MiB
 
 
-def test_release_burst_before_new_segment_is_allocator_internal() -> None:
+def test_release_burst_before_new_segment_is_left_to_the_recorded_limit() -> None:
+    # a release right before a new segment is malloc's OOM path only if the new segment did
+    # not fit under the limit the run had; the decoder records what it needed (reserved + size)
     b = TraceBuilder()
+    b.segment("segment_alloc", 0x100000, 20 * MiB)
     b.segment("segment_free", 0x100000, 20 * MiB)
     b.segment("segment_alloc", 0x200000, 40 * MiB)
     b.alloc(40 * MiB)
+    t = b.build()
+    assert list(t.ops) == [OP_EMPTY_CACHE, OP_ALLOC]
+    assert t.sizes[0] == 60 * MiB
+    assert t.ambiguous_releases == 1
+
+
+def test_release_burst_before_an_oom_is_allocator_internal() -> None:
+    b = TraceBuilder()
+    b.segment("segment_alloc", 0x100000, 20 * MiB)
+    b.segment("segment_free", 0x100000, 20 * MiB)
+    b.oom(40 * MiB, device_free=10 * MiB)
     t = b.build()
     assert OP_EMPTY_CACHE not in list(t.ops)
     assert t.empty_cache_calls == 0

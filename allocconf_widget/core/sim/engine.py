@@ -199,6 +199,7 @@ class Engine:
             self.map_hints = [
                 addr for kind, addr in zip(trace.seg_kinds, trace.seg_addrs, strict=True) if kind == SEG_MAP
             ]
+        self.release_limit = _recorded_limit(trace, rules)
         # expandable blocks of a start state under settings without expandable segments
         # are skipped by best fit, as torch does when the option is turned off at runtime
         self.skip_expandable = False
@@ -446,8 +447,8 @@ class Engine:
                 self.allocated, self.active, self.requested = allocated, active, requested
                 if op == 4:
                     self.replay_recorded_oom(i, n, lane)
-                else:
-                    reclaim.free_all_cached(self, i)
+                elif n == 0 or self.release_limit is None or n <= self.release_limit:
+                    reclaim.free_all_cached(self, i, sync_pending=n > 0)  # the user's empty_cache()
                 allocated, active, requested = self.allocated, self.active, self.requested
         self.allocated, self.active, self.requested = allocated, active, requested
         self.chunk_max_alloc, self.peak_active = max(cmax, allocated), amax
@@ -722,6 +723,25 @@ class Engine:
                 segments.append(_state_segment(run))
         segments.sort(key=lambda seg: seg.address)
         return AllocatorState(tuple(segments), source=source)
+
+
+def _recorded_limit(trace: Trace, rules: EngineRules) -> int | None:
+    """The memory limit the trace was recorded under, as far as this replay knows it.
+
+    It tells a user's ``empty_cache()`` from malloc's OOM path when both look the same
+    in the trace (releases right before a new segment): the OOM path runs only when
+    the new segment did not fit under the limit. The replay's own limit (fraction,
+    else the usable device) is taken as the recorded one unless the recorded run
+    reserved more than it allows: then the run was not recorded under it (a what-if
+    of a smaller fraction), and the usable device is the limit, if the run fits in it.
+    """
+    limits = [x for x in (rules.allowed_max, rules.usable) if x is not None]
+    if not limits:
+        return None
+    peak = trace.recorded_reserved_peak()
+    if peak <= min(limits):
+        return min(limits)
+    return rules.usable if rules.usable is not None and peak <= rules.usable else None
 
 
 def _state_segment(run: list[Block]) -> StateSegment:

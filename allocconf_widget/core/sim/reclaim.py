@@ -54,15 +54,21 @@ def release_oversize(eng: EngineCore, fl: FreeList, r: int, i: int) -> bool:
     return released >= need
 
 
-def free_all_cached(eng: EngineCore, i: int) -> None:
-    """``release_cached_blocks`` (OOM path and ``empty_cache``): sync, then release."""
+def free_all_cached(eng: EngineCore, i: int, *, sync_pending: bool = True) -> None:
+    """``release_cached_blocks`` (OOM path and ``empty_cache``): sync, then release.
+
+    ``sync_pending=False`` for a release burst replayed from the trace: the frees its
+    synchronisation completed are already in the trace (``free_completed`` entries right
+    before the burst); a block still pending there stayed pending in the real run.
+    """
     eng.num_sync_all_streams += 1
-    for aid, blk in list(eng.pending.items()):
+    for aid, blk in list(eng.pending.items()) if sync_pending else ():
         eng.live[aid] = None
         eng.active -= blk.size
         eng.requested -= blk.req
         eng.to_cache(blk)
-    eng.pending.clear()
+    if sync_pending:
+        eng.pending.clear()
     for pool in (eng.default_large, eng.default_small):
         to_unmap: list[Block] = []
         for b in pool_blocks(pool):

@@ -78,6 +78,21 @@ class Fidelity:
     simulated_peak_reserved_bytes: int
     partial_trace: bool
     notes: tuple[str, ...] = ()
+    #: the replay reused the recorded segment addresses (a diagnostic a what-if cannot have)
+    recorded_addresses: bool = False
+    #: why predictions from this trace are less certain than the score says (see :attr:`confident`)
+    caveats: tuple[str, ...] = ()
+
+    @property
+    def confident(self) -> bool:
+        """The replay reproduced the run exactly, with nothing it cannot model: only then may a
+        prediction say "no OOM" without a caveat."""
+        return self.checked and self.exact and self.peak_matches and not self.caveats
+
+    @property
+    def underestimates(self) -> bool:
+        """The replay under the recorded settings reserved less than the real run did."""
+        return self.simulated_peak_reserved_bytes < self.recorded_peak_reserved_bytes
 
     @property
     def checked(self) -> bool:
@@ -117,6 +132,15 @@ class Fidelity:
             text += f"; first divergence at segment event {d.position}: expected {d.expected}, got {d.got}"
         if self.partial_trace:
             text += "; trace is partial (ring buffer wrapped), so the start state is unknown"
+        if self.recorded_addresses:
+            text += " [replayed with the recorded segment addresses, which a what-if does not have]"
+        if not self.confident:
+            text += "; LOW CONFIDENCE"
+            if self.caveats:
+                text += ": " + "; ".join(self.caveats)
+            if self.underestimates:
+                text += ("; the replay reserves less than the real run did, so a predicted "
+                         "\"no OOM\" is not reliable")
         return text
 
     def to_json(self) -> dict[str, Any]:
@@ -130,6 +154,8 @@ class Fidelity:
         out["score"] = round(self.score, 6)
         out["peak_matches"] = self.peak_matches
         out["checked"] = self.checked
+        out["caveats"] = list(self.caveats)
+        out["confident"] = self.confident
         return out
 
 
@@ -234,7 +260,8 @@ class SimResult:
 
 
 def compare_segments(
-    trace: Trace, simulated: tuple[SegmentEvent, ...], simulated_peak: int
+    trace: Trace, simulated: tuple[SegmentEvent, ...], simulated_peak: int, *,
+    recorded_addresses: bool = False,
 ) -> Fidelity:
     """Compare the simulator's own segment events with the trace's, in order.
 
@@ -286,6 +313,8 @@ def compare_segments(
         simulated_peak_reserved_bytes=simulated_peak,
         partial_trace=trace.partial,
         notes=tuple(notes),
+        recorded_addresses=recorded_addresses,
+        caveats=trace.caveats(),
     )
 
 

@@ -71,6 +71,7 @@ def simulate(
     check: bool = False,
     record_segments: bool = False,
     series_points: int = 1000,
+    address_hints: bool = False,
 ) -> SimResult:
     """Replay ``trace`` under ``settings`` and predict reserved memory, OOMs and counters.
 
@@ -84,11 +85,16 @@ def simulate(
             would have raised there. OOMs recorded in the trace (which the program
             survived) never stop the replay.
         check: compare the simulated segment events with the recorded ones and
-            attach a :class:`Fidelity`. Meaningful only for the recorded settings;
-            it also makes new segments reuse the recorded addresses, so
-            address-ordered tie-breaks (≤ 2.11) match the real run.
+            attach a :class:`Fidelity`. Meaningful only for the recorded settings.
+            The replay itself is the one a what-if gets (the driver address model
+            places new segments), so the score measures what a prediction can do.
         record_segments: keep the simulated segment events in the result.
         series_points: upper bound on points in the reserved/fragmentation series.
+        address_hints: give new segments the recorded addresses (only meaningful
+            under the recorded settings), so address-ordered tie-breaks (≤ 2.11)
+            follow the real run. A what-if cannot have them: a fidelity from such a
+            replay is labelled ``recorded_addresses`` and must not stand beside a
+            prediction as its self-check.
     """
     engine = Engine(
         trace,
@@ -97,11 +103,12 @@ def simulate(
         non_pytorch_bytes=non_pytorch_bytes,
         stop_at_oom=stop_at_oom,
         record_segments=record_segments or check,
-        address_hints=check,
+        address_hints=address_hints,
     )
     result = engine.run(series_points)
     if check:
-        fidelity = compare_segments(trace, tuple(engine.seg_events), result.peak_reserved_bytes)
+        fidelity = compare_segments(trace, tuple(engine.seg_events), result.peak_reserved_bytes,
+                                    recorded_addresses=address_hints)
         events = result.segment_events if record_segments else ()
         result = dataclasses.replace(result, fidelity=fidelity, segment_events=events)
     return result
@@ -134,12 +141,17 @@ def self_check(
     *,
     device_total: int | None = None,
     non_pytorch_bytes: int = 0,
+    recorded_addresses: bool = False,
 ) -> Fidelity:
     """Replay under the settings the trace was recorded with and score the match.
 
-    Without ``device_total`` the capacity is inferred from the first recorded OOM
-    (see :meth:`Trace.inferred_usable_bytes`), so OOM-path releases replay too. A
-    trace with a start state (``trace.initial_state``) replays from it.
+    The replay has exactly the information a what-if has (no recorded segment
+    addresses), so the score says how far a prediction can be trusted;
+    ``recorded_addresses=True`` replays with them instead (a model diagnostic,
+    labelled so in :meth:`Fidelity.summary`). Without ``device_total`` the capacity
+    is inferred from the first recorded OOM (see :meth:`Trace.inferred_usable_bytes`),
+    so OOM-path releases replay too. A trace with a start state
+    (``trace.initial_state``) replays from it.
     """
     if device_total is None and recorded_settings.per_process_memory_fraction is None:
         device_total, non_pytorch_bytes = trace.inferred_usable_bytes(), 0
@@ -150,6 +162,7 @@ def self_check(
         non_pytorch_bytes=non_pytorch_bytes,
         stop_at_oom=False,
         check=True,
+        address_hints=recorded_addresses,
     )
     assert result.fidelity is not None
     return result.fidelity

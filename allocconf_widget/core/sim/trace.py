@@ -14,8 +14,9 @@ Decoding also does the bookkeeping the engine should not pay for per event:
   usual case, no ``record_stream``) becomes one ``FREE`` operation;
 * frees of addresses never allocated in the trace (a ring buffer that dropped
   its oldest entries) are counted and dropped: the trace is *partial*;
-* bursts of ``segment_free``/``segment_unmap`` that no allocation explains are
-  ``torch.cuda.empty_cache()`` calls, replayed as ``EMPTY_CACHE``;
+* bursts of ``segment_free``/``segment_unmap`` are ``torch.cuda.empty_cache()`` calls
+  (replayed as ``EMPTY_CACHE`` under every setting) unless malloc's own release paths
+  can explain them: see :meth:`_Decoder._segment`;
 * the recorded segment events are kept aside as the fidelity reference.
 
 A trace recorded mid-run (a notebook cell after the model was built, a ring buffer
@@ -53,7 +54,10 @@ OP_FREE = 1  # free_requested + free_completed at once
 OP_FREE_REQUESTED = 2  # allocated drops; block stays unusable (record_stream)
 OP_FREE_COMPLETED = 3  # pending block returns to the cache
 OP_OOM = 4  # a recorded OOM: retry the request (size is already rounded)
-OP_EMPTY_CACHE = 5  # torch.cuda.empty_cache() inferred from an unexplained release burst
+OP_EMPTY_CACHE = 5  # torch.cuda.empty_cache() inferred from a release burst (size: see below)
+#: An ``OP_EMPTY_CACHE`` row's size is 0 when the burst is certainly ``empty_cache()``; otherwise
+#: the reserved bytes the next recorded segment needed (reserved before the burst + its size):
+#: the burst was malloc's OOM path if and only if that did not fit under the recorded limit.
 
 SEG_ALLOC = 0
 SEG_FREE = 1
@@ -113,6 +117,40 @@ class Trace:
     empty_cache_calls: int
     initial_state: AllocatorState | None = None
     initial_note: str | None = None
+    #: ``empty_cache()`` calls that only the recorded memory limit tells apart from malloc's OOM
+    #: path (a release right before a new segment); the replay decides them (docs/simulator.md)
+    ambiguous_releases: int = 0
+    #: trace actions the replay does not model (counted; they change no simulated state)
+    unknown_actions: tuple[tuple[str, int], ...] = ()
+    #: frees that waited on other streams' events (``record_stream``): requested, completed later
+    deferred_frees: int = 0
+    #: private pools (CUDA graphs, ``torch.cuda.MemPool``) the snapshot shows whose allocations the
+    #: trace entries do not attribute (torch ≤ 2.11 writes no ``pool_id`` in trace entries)
+    unattributed_pools: tuple[tuple[int, int], ...] = ()
+
+    def caveats(self) -> tuple[str, ...]:
+        """What the replay cannot model faithfully in this trace, for people.
+
+        Each one lowers the confidence of every prediction made from the trace
+        (:attr:`.result.Fidelity.confident`): a "no OOM" then comes with a caveat.
+        """
+        out: list[str] = []
+        if self.unknown_actions:
+            names = ", ".join(f"{name} ×{count:,}" for name, count in self.unknown_actions)
+            out.append(f"trace entries the replay does not model ({names})")
+        private = sorted({pool for pool in self.lane_pools if pool != (0, 0)})
+        if private:
+            out.append(f"allocations in {len(private)} private memory pool(s): kept apart from the default "
+                       "pool, but when CUDA graphs release or reuse them is not modelled")
+        if self.unattributed_pools:
+            out.append(
+                f"{len(self.unattributed_pools)} private memory pool(s) (CUDA graphs / torch.cuda.MemPool) "
+                "whose allocations the trace does not attribute, replayed in the default pool")
+        if self.deferred_frees:
+            out.append(
+                f"{self.deferred_frees:,} frees waited on other streams (record_stream) and complete "
+                "where the recording saw them; under other settings the GPU may finish them earlier or later")
+        return tuple(out)
 
     def replay_columns(self) -> tuple[list[int], list[int], list[int], list[int]]:
         """(ops, address ids, sizes, lanes) as lists, built once per process and cached.
@@ -209,6 +247,30 @@ def extract_trace(
     *,
     initial_state: AllocatorState | str = "auto",
 ) -> Trace:
+    """Decode ``snapshot["device_traces"][device]``; see :func:`_extract` (this adds the
+    private pools the snapshot shows but the trace entries do not attribute)."""
+    trace = _extract(snapshot, device, initial_state)
+    pools = _unattributed_pools(snapshot, trace)
+    return dataclasses.replace(trace, unattributed_pools=pools) if pools else trace
+
+
+def _unattributed_pools(snapshot: Mapping[str, Any], trace: Trace) -> tuple[tuple[int, int], ...]:
+    """Private pools in the snapshot's segments (or the start state) that no trace lane carries."""
+    seen: set[tuple[int, int]] = set()
+    segments = snapshot.get("segments")
+    for seg in segments if isinstance(segments, list) else ():
+        if isinstance(seg, Mapping) and int_or_zero(seg.get("device")) == trace.device:
+            seen.add(pool_id_of_entry(seg))
+    seen.discard((0, 0))
+    seen.difference_update(trace.lane_pools)
+    return tuple(sorted(seen))
+
+
+def _extract(
+    snapshot: Mapping[str, Any],
+    device: int | None,
+    initial_state: AllocatorState | str,
+) -> Trace:
     """Decode ``snapshot["device_traces"][device]`` (default: the busiest device).
 
     ``initial_state`` is the allocator state the replay starts from:
@@ -235,17 +297,18 @@ def extract_trace(
         have = [d for d, t in enumerate(traces) if isinstance(t, list) and t]
         raise SnapshotError(f"device {device} has no trace entries; devices with a trace: {have}")
     entries = traces[device]
+    gc = _recorded_gc(snapshot)
     if isinstance(initial_state, AllocatorState):
-        return decode_entries(entries, device=device, initial_state=initial_state)
+        return decode_entries(entries, device=device, initial_state=initial_state, recorded_gc=gc)
     if initial_state not in ("auto", "empty"):
         raise ValueError(f"initial_state must be 'auto', 'empty' or an AllocatorState, not {initial_state!r}")
     if initial_state == "empty":
-        return decode_entries(entries, device=device)
+        return decode_entries(entries, device=device, recorded_gc=gc)
     state, note = _recorded_state(snapshot, device)
     if state is not None:
         return decode_entries(entries, device=device, initial_state=state,
-                              start=_recorded_start(entries, state))
-    trace, live = _decode(entries, device, None, 0)
+                              start=_recorded_start(entries, state), recorded_gc=gc)
+    trace, live = _decode(entries, device, None, 0, gc)
     segments = snapshot.get("segments")
     if not isinstance(segments, list):
         return trace
@@ -267,7 +330,19 @@ def extract_trace(
             f"from the final segments ({exc}); replaying from an empty allocator"))
     if not state.segments:
         return trace
-    return decode_entries(entries, device=device, initial_state=state)
+    return decode_entries(entries, device=device, initial_state=state, recorded_gc=gc)
+
+
+def _recorded_gc(snapshot: Mapping[str, Any]) -> bool:
+    """Whether the run had ``garbage_collection_threshold`` set (its GC releases segments in malloc)."""
+    readback = snapshot.get("allocator_settings")
+    if not isinstance(readback, Mapping):
+        return False
+    value = readback.get("garbage_collection_threshold")
+    try:
+        return float(value) > 0.0 if value is not None else False
+    except (TypeError, ValueError):
+        return False
 
 
 def _recorded_state(snapshot: Mapping[str, Any], device: int) -> tuple[AllocatorState | None, str | None]:
@@ -312,20 +387,24 @@ def decode_entries(
     *,
     initial_state: AllocatorState | None = None,
     start: int = 0,
+    recorded_gc: bool = False,
 ) -> Trace:
     """Decode a chronological list of trace-entry dicts (see docs/internals/allocator_facts.md §7.4).
 
     With ``initial_state``, its live blocks are known to the decoder (their frees
     replay) and the replay starts from its segments. ``start`` skips entries
     already reflected in that state (event indices stay those of ``entries``).
+    ``recorded_gc``: the run had ``garbage_collection_threshold`` set, so malloc may
+    have released whole large segments before a new one (not ``empty_cache()``).
     """
-    return _decode(entries, device, initial_state, start)[0]
+    return _decode(entries, device, initial_state, start, recorded_gc)[0]
 
 
 def _decode(
-    entries: Sequence[Any], device: int, initial_state: AllocatorState | None, start: int
+    entries: Sequence[Any], device: int, initial_state: AllocatorState | None, start: int,
+    recorded_gc: bool = False,
 ) -> tuple[Trace, list[int]]:
-    b = _Decoder(entries, initial_state)
+    b = _Decoder(entries, initial_state, recorded_gc)
     b.run(start)
     trace = Trace(
         device=device,
@@ -349,6 +428,9 @@ def _decode(
         first_unknown_free=b.first_unknown,
         empty_cache_calls=b.empty_calls,
         initial_state=initial_state,
+        ambiguous_releases=b.ambiguous,
+        deferred_frees=b.deferred,
+        unknown_actions=tuple(sorted((a, c) for a, c in b.counts.items() if a not in _KNOWN_ACTIONS)),
     )
     return trace, list(b.live)
 
@@ -356,10 +438,15 @@ def _decode(
 class _Decoder:
     """Single pass over the entries; see the module docstring for what it folds."""
 
-    def __init__(self, entries: Sequence[Any], initial: AllocatorState | None = None) -> None:
+    def __init__(self, entries: Sequence[Any], initial: AllocatorState | None = None,
+                 recorded_gc: bool = False) -> None:
         self.entries = entries
         self.initial = initial
-        self._explained_from: list[bool] | None = None
+        self.recorded_gc = recorded_gc
+        self._explained_from: list[int] | None = None
+        self.reserved = initial.reserved_bytes if initial is not None else 0
+        self.ambiguous = 0
+        self.deferred = 0
         self.ops: array[int] = array("b")
         self.aids: array[int] = array("q")
         self.sizes: array[int] = array("q")
@@ -379,6 +466,7 @@ class _Decoder:
         self.first_unknown: int | None = None
         self.empty_calls = 0
         self.live: dict[int, bool] = {}  # addr -> free already requested
+        self.held: list[tuple[int, int, int, int, int, int]] = []  # completions moved past an alloc
 
     def _lane(self, entry: Mapping[str, Any]) -> int:
         pool = pool_id_of_entry(entry)
@@ -448,6 +536,8 @@ class _Decoder:
                 addr = int_or_zero(e.get("addr"))
                 live[addr] = False
                 self._emit(OP_ALLOC, addr, int_or_zero(e.get("size")), e, idx)
+                if self.held:
+                    self._release_held()
             elif act == "free_requested":
                 addr = int_or_zero(e.get("addr"))
                 nxt = entries[idx + 1] if idx + 1 < n else None
@@ -466,6 +556,7 @@ class _Decoder:
                     self._emit(OP_FREE, addr, 0, e, idx)
                 elif not live[addr]:
                     live[addr] = True
+                    self.deferred += 1
                     self._emit(OP_FREE_REQUESTED, addr, 0, e, idx)
             elif act == "free_completed":
                 addr = int_or_zero(e.get("addr"))
@@ -484,40 +575,133 @@ class _Decoder:
                 )
                 self._emit(OP_OOM, -1, size, e, idx)
             # "snapshot", "annotate" and unknown actions change no allocator state.
+        if self.held:
+            self._release_held()
         self._seed_lanes()
 
     def _segment(self, idx: int, e: Mapping[str, Any], act: str) -> None:
+        size = int_or_zero(e.get("size"))
         self.seg_kinds.append(_SEG_CODES[act])
-        self.seg_sizes.append(int_or_zero(e.get("size")))
+        self.seg_sizes.append(size)
         self.seg_addrs.append(int_or_zero(e.get("addr")))
         self.seg_index.append(idx)
+        reserved_before = self.reserved
+        self.reserved += -size if act in _RELEASES else size
         if act not in _RELEASES:
             return
         prev = self.entries[idx - 1] if idx else None
         if isinstance(prev, Mapping) and prev.get("action") in _RELEASES:
             return  # not the first release of its burst
-        if not self._burst_explained(idx):
-            self.empty_calls += 1
-            self._emit(OP_EMPTY_CACHE, -1, 0, e, idx)
+        need = self._burst_need(idx, reserved_before)
+        if need != 0:
+            self._hold_sync_completions(idx)
+        if need is None:
+            return
+        self.empty_calls += 1
+        if need:
+            self.ambiguous += 1
+        self._emit(OP_EMPTY_CACHE, -1, need, e, idx)
 
-    def _burst_explained(self, idx: int) -> bool:
-        """A release burst inside malloc (GC / OOM path) is followed by a new segment or an OOM.
+    def _hold_sync_completions(self, idx: int) -> None:
+        """Move the ``free_completed`` rows right before a release burst that malloc may have
+        made to just after the next ``alloc``.
 
-        Answered from one backward pass over the entries (built on first use), so a trace
-        alternating releases and fillers decodes in linear time, not quadratic.
+        On malloc's OOM path torch synchronises and completes every pending free *after* the
+        cache lookup failed, then releases; the trace writes those completions before the
+        releases and the ``alloc`` after them. Replayed in trace order, the completed blocks
+        would serve the very request that failed. (If the replay decides the burst was
+        ``empty_cache()``, it completes pending frees there itself.)
+        """
+        n = len(self.ops)
+        k = 0
+        while (k < n and self.ops[n - 1 - k] == OP_FREE_COMPLETED
+               and self.index[n - 1 - k] == idx - 1 - k):
+            k += 1
+        rows = [(self.ops.pop(), self.aids.pop(), self.sizes.pop(), self.lanes.pop(), self.index.pop(),
+                 self.times.pop()) for _ in range(k)]
+        self.held.extend(reversed(rows))
+
+    def _release_held(self) -> None:
+        for op, aid, size, lane, index, time in self.held:
+            self.ops.append(op)
+            self.aids.append(aid)
+            self.sizes.append(size)
+            self.lanes.append(lane)
+            self.index.append(index)
+            self.times.append(time)
+        self.held.clear()
+
+    def _burst_need(self, idx: int, reserved_before: int) -> int | None:
+        """Is the release burst starting at ``idx`` a user's ``empty_cache()``?
+
+        ``empty_cache()`` leaves no entry of its own, only the releases. Inside malloc,
+        releases come right before a new segment (or an ``oom``): GC (only with
+        ``garbage_collection_threshold``; it frees whole large segments) or the OOM path
+        (only when the new segment did not fit under the memory limit). Returns None
+        when malloc explains the burst (an ``oom`` follows, or recorded GC could have
+        freed exactly these segments), 0 when nothing follows that malloc would have
+        released memory for (certainly ``empty_cache()``), else the reserved bytes the
+        next segment needed: the replay compares it with the recorded limit.
         """
         if self._explained_from is None:
             self._explained_from = _explained_from(self.entries)
-        return self._explained_from[idx + 1]
+        nxt = self._explained_from[idx + 1]
+        if nxt < 0:
+            return 0
+        follower = self.entries[nxt]
+        if follower.get("action") == "oom":
+            return None
+        if self.recorded_gc and self._large_classic_burst(idx, nxt):
+            return None
+        size = int_or_zero(follower.get("size"))
+        if follower.get("action") == "segment_map":
+            # the limit check is on the request's whole segment size, not on the pages mapped
+            size = max(size, _segment_size_of(self._next_alloc_size(nxt)))
+        return reserved_before + size
+
+    def _next_alloc_size(self, start: int) -> int:
+        """Size of the first ``alloc`` entry after ``start`` (0 if none within a few entries)."""
+        for j in range(start + 1, min(start + 64, len(self.entries))):
+            e = self.entries[j]
+            if isinstance(e, Mapping) and e.get("action") == "alloc":
+                return int_or_zero(e.get("size"))
+        return 0
+
+    def _large_classic_burst(self, start: int, end: int) -> bool:
+        """Every release in ``entries[start:end]`` frees a large-pool classic segment (GC's kind)."""
+        for j in range(start, end):
+            e = self.entries[j]
+            act = e.get("action")
+            if act == "segment_unmap" or (act == "segment_free" and int_or_zero(e.get("size")) <= _SMALL_SEGMENT):
+                return False
+        return True
 
 
-def _explained_from(entries: Sequence[Any]) -> list[bool]:
-    """``result[j]``: the first non-filler entry at or after ``j`` explains a release burst."""
-    result = [False] * (len(entries) + 1)
+_SMALL_SEGMENT = 2 << 20  # small-pool segments are 2 MiB; large-pool ones never are
+
+
+def _segment_size_of(n: int) -> int:
+    """The segment a request of ``n`` bytes asks for under default rules (2 MiB small, 20 MiB
+    below 10 MiB, else rounded to 2 MiB): malloc's limit check is on this, not on the pages mapped."""
+    if n <= 1 << 20:
+        return _SMALL_SEGMENT
+    if n < 10 << 20:
+        return 20 << 20
+    return -(-n // _SMALL_SEGMENT) * _SMALL_SEGMENT
+_KNOWN_ACTIONS = frozenset((
+    "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+    "segment_unmap", "oom", "snapshot", "annotate",
+))
+
+
+def _explained_from(entries: Sequence[Any]) -> list[int]:
+    """``result[j]``: index of the first non-filler entry at or after ``j`` if it is one that
+    ends a malloc release burst (a new segment or an ``oom``), else -1."""
+    result = [-1] * (len(entries) + 1)
     for j in range(len(entries) - 1, -1, -1):
         entry = entries[j]
         act = entry.get("action") if isinstance(entry, Mapping) else None
-        result[j] = result[j + 1] if act in _BURST_FILLER else act in _EXPLAINS_RELEASE
+        result[j] = result[j + 1] if act in _BURST_FILLER else (j if act in _EXPLAINS_RELEASE else -1)
     return result
 
 
