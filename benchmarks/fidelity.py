@@ -4,14 +4,21 @@ For every workload recorded by ``benchmarks/gpu/record.py`` (66 runs, each
 setting in a fresh process on an H200 with torch 2.11, ``benchmarks/data``):
 
 * **self-check** — the trace of each run, replayed under the settings it was
-  recorded with, must reproduce that run's own segment events exactly;
+  recorded with and with exactly the information a what-if has (segments placed
+  by the driver address model, no recorded addresses), must reproduce that run's
+  own segment events; ``confident`` says whether the replay claims it may say
+  "no OOM" without a caveat. The replay *with* the recorded addresses (a model
+  diagnostic a what-if cannot have) is shown beside it, labelled;
 * **prediction** — the *default* run's trace, replayed under every other
   setting, is compared with the real ``reserved_bytes.all.peak`` that setting
   produced in its own process (the request sequence is the same, the
   allocator's answer differs). Fraction runs replay under the same
-  ``set_per_process_memory_fraction`` limit, where OOM (yes/no) must match too.
+  ``set_per_process_memory_fraction`` limit, where OOM (yes/no) must match too;
+* **tie-break** — the prediction replayed again with 2.12's registration-counter
+  tie-break instead of 2.11's address order: where peak or OOM differ, the
+  prediction depends on where the CUDA driver put segments (``addr`` in the table).
 
-Usage: ``python benchmarks/fidelity.py [--data benchmarks/data] [--markdown]``
+Usage: ``python benchmarks/fidelity.py [--data benchmarks/data] [--markdown] [--workloads a,b]``
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import dataclasses  # noqa: E402
 
 from _table import print_table  # noqa: E402
 
@@ -73,11 +82,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data", type=Path, default=ROOT / "benchmarks" / "data")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--workloads", default="", help="comma-separated workloads (default: all)")
     args = parser.parse_args()
+    wanted = set(args.workloads.split(",")) if args.workloads else None
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         runs = _load_runs(args.data, Path(tmp))
         for workload, by_name in runs.items():
+            if wanted is not None and workload not in wanted:
+                continue
             base = by_name["default"]
             base_trace = extract_trace(load_snapshot(base["pickle"]))
             for name, meta in sorted(by_name.items()):
@@ -89,8 +102,12 @@ def main() -> None:
                 t0 = time.perf_counter()
                 check = simulate(own, settings, device_total=total, non_pytorch_bytes=non_pytorch,
                                  stop_at_oom=False, check=True)
+                hinted = simulate(own, settings, device_total=total, non_pytorch_bytes=non_pytorch,
+                                  stop_at_oom=False, check=True, address_hints=True)
                 pred = simulate(base_trace, settings, device_total=total,
                                 non_pytorch_bytes=non_pytorch, stop_at_oom=True)
+                counter = simulate(base_trace, dataclasses.replace(settings, torch_version=(2, 12)),
+                                   device_total=total, non_pytorch_bytes=non_pytorch, stop_at_oom=True)
                 elapsed = time.perf_counter() - t0
                 real = int(meta["stats"]["reserved_bytes.all.peak"])
                 rows.append({
@@ -101,6 +118,12 @@ def main() -> None:
                     "real_oom": bool(meta["oom"]), "pred_oom": pred.oom is not None,
                     "self_exact": bool(check.fidelity and check.fidelity.exact),
                     "self_score": check.fidelity.score if check.fidelity else None,
+                    "confident": bool(check.fidelity and check.fidelity.confident),
+                    "self_err": ((check.peak_reserved_bytes - real) / real) if real else 0.0,
+                    "hinted_exact": bool(hinted.fidelity and hinted.fidelity.exact),
+                    "hinted_score": hinted.fidelity.score if hinted.fidelity else None,
+                    "tie_break": (counter.peak_reserved_bytes != pred.peak_reserved_bytes
+                                  or (counter.oom is None) != (pred.oom is None)),
                     "events": own.num_events, "seconds": elapsed,
                 })
     _print(rows, args.markdown)
@@ -108,21 +131,32 @@ def main() -> None:
 
 def _print(rows: list[dict], markdown: bool) -> None:
     head = ["workload", "setting", "fraction", "real peak GB", "predicted GB", "error",
-            "OOM real/pred", "self-check"]
+            "OOM real/pred", "self-check", "self-check peak", "recorded addresses", "depends on"]
     lines = []
     for r in rows:
         oom = ("yes" if r["real_oom"] else "no") + "/" + ("yes" if r["pred_oom"] else "no")
         exact = "exact" if r["self_exact"] else f"{r['self_score']:.3f}"
+        if not r["confident"]:
+            exact += " (low)"
+        hinted = "exact" if r["hinted_exact"] else f"{r['hinted_score']:.3f}"
         lines.append([r["workload"], r["conf"], f"{r['fraction']:.4f}" if r["fraction"] else "",
                       f"{r['real_peak'] / GB:.3f}", f"{r['pred_peak'] / GB:.3f}",
-                      f"{r['err'] * 100:+.2f}%", oom, exact])
+                      f"{r['err'] * 100:+.2f}%", oom, exact, f"{r['self_err'] * 100:+.2f}%", hinted,
+                      "addr" if r["tie_break"] else ""])
     print_table(head, lines, markdown)
     non_frac = [r for r in rows if not r["fraction"] and r["setting"] != "default"]
     within = sum(abs(r["err"]) <= 0.02 for r in non_frac)
     exact = sum(r["self_exact"] for r in rows)
+    hinted = sum(r["hinted_exact"] for r in rows)
     oom_match = sum(r["real_oom"] == r["pred_oom"] for r in rows)
-    print(f"\nself-check exact: {exact}/{len(rows)} runs; predictions within 2%: {within}/{len(non_frac)}"
-          f" (non-fraction settings); OOM outcome matched: {oom_match}/{len(rows)}")
+    wrong_no = [r for r in rows if r["real_oom"] and not r["pred_oom"]]
+    confident_wrong_no = sum(r["confident"] for r in wrong_no)
+    ties = sum(r["tie_break"] for r in rows)
+    print(f"\nself-check exact: {exact}/{len(rows)} runs (with recorded addresses: {hinted}); "
+          f"predictions within 2%: {within}/{len(non_frac)} (non-fraction settings); "
+          f"OOM outcome matched: {oom_match}/{len(rows)}; real OOMs predicted 'no': {len(wrong_no)} "
+          f"({confident_wrong_no} of them with a confident self-check); "
+          f"predictions the 2.11 address tie-break decides: {ties}/{len(rows)}")
 
 
 if __name__ == "__main__":

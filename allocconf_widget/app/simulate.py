@@ -33,7 +33,7 @@ class TraceSource:
     label: str
     torch_version: TorchVersion | None  # None: infer from the trace
     device_total: int | None = None
-    non_pytorch_bytes: int = 0
+    non_pytorch_bytes: int | None = 0  # None: estimate it from the trace (core/sim/capacity.py)
     device: int | None = None  # CUDA device whose trace to use (None: the one with a trace)
 
 
@@ -82,6 +82,20 @@ def trace_torch_version(snapshot: Any, trace: Any, *, device_total: int | None,
                              f"has no segment events to infer it from; assuming {shown} ({why})")
     return VersionChoice(version, f"snapshots do not record the torch version; using the rules "
                          f"of torch {shown}, which reproduce this trace best ({fidelity.summary()})")
+
+
+def _non_pytorch(source: TraceSource, trace: Any, notes: list[str]) -> int:
+    """Memory outside the allocator: as given, else estimated when the device total is known
+    (a run that fills the card must stop below the device total, as the real one does)."""
+    if source.non_pytorch_bytes is not None:
+        return source.non_pytorch_bytes
+    if source.device_total is None:
+        return 0
+    from allocconf_widget.core.sim.capacity import estimate_non_pytorch
+
+    estimate = estimate_non_pytorch(trace, source.device_total)
+    notes.append(estimate.note)
+    return estimate.bytes
 
 
 def trace_source(session: Any, path: str | None = None, demo: bool = False) -> TraceSource:
@@ -142,10 +156,11 @@ def what_if(source: TraceSource, *, extra_confs: list[str] | tuple[str, ...] = (
     if trace is None:
         trace = extract_trace(source.snapshot)
     notes: list[str] = []
+    non_pytorch = _non_pytorch(source, trace, notes)
     version = source.torch_version
     if version is None:
         choice = trace_torch_version(source.snapshot, trace, device_total=source.device_total,
-                                     non_pytorch_bytes=source.non_pytorch_bytes, fraction=fraction)
+                                     non_pytorch_bytes=non_pytorch, fraction=fraction)
         version = choice.version
         if choice.note:
             notes.append(choice.note)
@@ -156,7 +171,7 @@ def what_if(source: TraceSource, *, extra_confs: list[str] | tuple[str, ...] = (
                            current_conf=(settings or {}).get("PYTORCH_CUDA_ALLOC_CONF"),
                            extra_confs=list(extra_confs), fraction=fraction,
                            device_total=source.device_total,
-                           non_pytorch_bytes=source.non_pytorch_bytes, progress=progress)
+                           non_pytorch_bytes=non_pytorch, progress=progress)
         return WhatIfReport(source.label, trace.num_events, result, tuple(notes))
     current, note = kernel_settings(current_conf, version)
     if note:
@@ -165,7 +180,7 @@ def what_if(source: TraceSource, *, extra_confs: list[str] | tuple[str, ...] = (
                        current_conf=current_conf,
                        recorded_settings=recorded or SimSettings(torch_version=version),
                        extra_confs=list(extra_confs), fraction=fraction,
-                       device_total=source.device_total, non_pytorch_bytes=source.non_pytorch_bytes,
+                       device_total=source.device_total, non_pytorch_bytes=non_pytorch,
                        progress=progress)
     return WhatIfReport(source.label, trace.num_events, result, tuple(notes))
 
@@ -295,7 +310,7 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
 
     trace = extract_trace(source.snapshot, source.device)
     notes: list[str] = []
-    device_total, non_pytorch = source.device_total, source.non_pytorch_bytes
+    device_total, non_pytorch = source.device_total, _non_pytorch(source, trace, notes)
     fraction = request.fraction
     if fraction is not None and not 0.0 <= fraction <= 1.0:
         raise AllocConfError(f"a memory fraction must be between 0 and 1, not {fraction}",

@@ -348,7 +348,8 @@ def check_cuts(path: Path, fractions: tuple[float, ...], *, exact: bool,
     counts = {"cuts": 0, "identical": 0, "replay_exact": 0, "final_equal": 0, "true_state_exact": 0}
     for k in clean_cuts(entries, fractions, split_pair=split_pair):
         counts["cuts"] += 1
-        forward = replay_state(decode_entries(entries[:k], recorded_gc=s.gc_threshold > 0), s, device_total=total, non_pytorch_bytes=other)
+        forward = replay_state(decode_entries(entries[:k], recorded_gc=s.gc_threshold > 0), s,
+                               device_total=total, non_pytorch_bytes=other)
         backward = reconstruct_initial_state(entries[k:], final, s)
         where = f"{path.name} cut at {k}"
         why = f"{where}: {backward.differences(forward)}"

@@ -119,14 +119,16 @@ class Fidelity:
         """One line for people."""
         if self.recorded_events == 0:
             if self.simulated_events:
-                return (f"no recorded segment events to check against, but the replay made "
+                text = (f"no recorded segment events to check against, but the replay made "
                         f"{self.simulated_events}: the model needed memory the real run did not")
-            return "no recorded segment events to check against (the replay made none either)"
-        text = (
-            f"{self.matched_events}/{self.recorded_events} recorded segment events reproduced "
-            f"({100 * self.reproduced:.1f}%), peak reserved "
-            f"{'matches' if self.peak_matches else 'differs'}"
-        )
+            else:
+                text = "no recorded segment events to check against (the replay made none either)"
+        else:
+            text = (
+                f"{self.matched_events}/{self.recorded_events} recorded segment events reproduced "
+                f"({100 * self.reproduced:.1f}%), peak reserved "
+                f"{'matches' if self.peak_matches else 'differs'}"
+            )
         if self.first_divergence is not None:
             d = self.first_divergence
             text += f"; first divergence at segment event {d.position}: expected {d.expected}, got {d.got}"
@@ -134,7 +136,7 @@ class Fidelity:
             text += "; trace is partial (ring buffer wrapped), so the start state is unknown"
         if self.recorded_addresses:
             text += " [replayed with the recorded segment addresses, which a what-if does not have]"
-        if not self.confident:
+        if self.caveats or (self.checked and not self.confident):
             text += "; LOW CONFIDENCE"
             if self.caveats:
                 text += ": " + "; ".join(self.caveats)

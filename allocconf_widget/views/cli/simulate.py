@@ -50,8 +50,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--device-total", metavar="BYTES",
                         help="GPU memory, e.g. 80GB or 141GiB (default: inferred from an OOM in "
                              "the trace, else unlimited)")
-    parser.add_argument("--non-pytorch", metavar="BYTES", default="0",
-                        help="memory used outside PyTorch's allocator (CUDA context, libraries)")
+    parser.add_argument("--non-pytorch", metavar="BYTES", default=None,
+                        help="memory used outside PyTorch's allocator (CUDA context, libraries); "
+                             "default: estimated from the trace when --device-total is given")
     parser.add_argument("--fraction", type=float, metavar="F",
                         help="torch.cuda.set_per_process_memory_fraction(F) in force")
     parser.add_argument("--device", type=int, metavar="N", help="CUDA device whose trace to use")
@@ -133,10 +134,10 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sizes(args: argparse.Namespace) -> tuple[int | None, int]:
+def _sizes(args: argparse.Namespace) -> tuple[int | None, int | None]:
     try:
         total = parse_size(args.device_total) if args.device_total else None
-        other = parse_size(args.non_pytorch)
+        other = parse_size(args.non_pytorch) if args.non_pytorch is not None else None
     except ValueError as exc:
         raise _BadInputError(str(exc)) from None
     return total, other
