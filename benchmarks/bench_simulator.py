@@ -153,6 +153,18 @@ def main() -> int:
     print(f"  speed-up {single_wall / parallel_wall:.2f}×; worker processes used "
           f"{worker_cpu:.2f} s CPU in {parallel_wall:.2f} s = {worker_cpu / parallel_wall:.2f} "
           f"cores busy on average")
+    # the what-if of a notebook: 8 settings of one trace, with progress as each one finishes
+    eight = [*CONFIGS, SimSettings(max_split_bytes=512 * MiB, torch_version=(2, 11), label="split512"),
+             SimSettings.from_string("roundup_power2_divisions:[256:1,512:2,>:8]", "2.11")]
+    start = time.perf_counter()
+
+    def shown(done: int, total: int) -> None:
+        print(f"  … {done}/{total} settings replayed ({time.perf_counter() - start:.1f} s)",
+              file=sys.stderr, flush=True)
+
+    simulate_many(trace, eight, device_total=args.device_total, workers=args.workers, progress=shown)
+    print(f"  {len(eight)} settings with progress (simulate_many): {time.perf_counter() - start:.2f} s "
+          f"for {trace.num_events:,} events each (target ≤ 10 s for 1M)")
     load = os.getloadavg()[0]
     if load > 0.5:
         print(f"  note: 1-minute load average {load:.2f} on {os.cpu_count()} cores: other processes "

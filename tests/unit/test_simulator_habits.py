@@ -193,3 +193,17 @@ def test_a_recorded_oom_gives_the_memory_outside_pytorch() -> None:
     usable = trace.inferred_usable_bytes()
     assert usable is not None
     assert est.source == "trace-oom" and est.bytes == meta["device_total_bytes"] - usable
+
+
+# ------------------------------------------------------------------ progress of a long what-if
+@pytest.mark.parametrize("workers", [1, 2])
+def test_simulate_many_reports_progress_in_order_of_completion(workers: int) -> None:
+    from allocconf_widget.core.sim.simulator import simulate_many
+
+    trace, _, _ = _run("streams2__frac_default")
+    confs = ["", "expandable_segments:True", "max_split_size_mb:128"]
+    settings = [SimSettings.from_string(c, "2.11") for c in confs]
+    seen: list[tuple[int, int]] = []
+    results = simulate_many(trace, settings, workers=workers, progress=lambda d, t: seen.append((d, t)))
+    assert seen == [(1, 3), (2, 3), (3, 3)]
+    assert [r.settings for r in results] == settings  # results stay in input order
