@@ -69,8 +69,10 @@ def _sidecar(path: Path) -> dict[str, Any]:
 #: opposite: the self-check says so (not confident), so no prediction from them can claim a
 #: confident "no OOM" (docs/fidelity.md, "What the replay cannot model").
 UNMODELLED = {
-    "compiled": "CUDA graph private pools (torch 2.11 trace entries carry no pool id)",
-    "mempool": "torch.cuda.MemPool allocations (torch 2.11 trace entries carry no pool id)",
+    "compiled": "CUDA graph private pools: torch 2.11 trace entries carry no pool id; attributed "
+                "from the recorded run, but graph-pool release rules are not modelled",
+    "mempool": "torch.cuda.MemPool: attributed from the recorded run where it can be (not under "
+               "expandable segments)",
     "fracmid__split128": "the memory fraction was lowered mid-run; a replay has one fraction",
 }
 

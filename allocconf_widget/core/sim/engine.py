@@ -447,8 +447,10 @@ class Engine:
                 self.allocated, self.active, self.requested = allocated, active, requested
                 if op == 4:
                     self.replay_recorded_oom(i, n, lane)
+                elif not larges[lane].pool.default:
+                    reclaim.release_pool(self, lane, i)  # a private pool let go of its memory
                 elif n == 0 or self.release_limit is None or n <= self.release_limit:
-                    reclaim.free_all_cached(self, i, sync_pending=n > 0)  # the user's empty_cache()
+                    reclaim.free_all_cached(self, i)  # the user's empty_cache()
                 allocated, active, requested = self.allocated, self.active, self.requested
         self.allocated, self.active, self.requested = allocated, active, requested
         self.chunk_max_alloc, self.peak_active = max(cmax, allocated), amax
@@ -512,7 +514,9 @@ class Engine:
         if blk is None and not self.rejected:
             if reclaim.release_oversize(self, fl, r, i):
                 blk = self.new_segment(fl, r, seg, False, i)
-            if blk is None:
+            if blk is None and fl.pool.default:
+                # a request into a private pool comes while a graph capture or use_mem_pool is
+                # under way, and torch then skips release_cached_blocks: no retry
                 reclaim.free_all_cached(self, i)
                 blk = self.new_segment(fl, r, seg, True, i)
         if blk is None:

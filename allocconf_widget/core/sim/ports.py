@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from allocconf_widget.core.sim.blocks import Block, ExpSegment, Pool
+    from allocconf_widget.core.sim.blocks import Block, ExpSegment, FreeList, Pool
     from allocconf_widget.core.sim.settings import EngineRules
     from allocconf_widget.core.sim.trace import Trace
 
@@ -34,6 +34,8 @@ class EngineCore(Protocol):
     live: list[Block | None]
     default_small: Pool
     default_large: Pool
+    small_lists: list[FreeList]
+    large_lists: list[FreeList]
 
     def new_tb(self, ptr: int) -> int:
         """Tie-break value for a newly created block."""

@@ -54,21 +54,15 @@ def release_oversize(eng: EngineCore, fl: FreeList, r: int, i: int) -> bool:
     return released >= need
 
 
-def free_all_cached(eng: EngineCore, i: int, *, sync_pending: bool = True) -> None:
-    """``release_cached_blocks`` (OOM path and ``empty_cache``): sync, then release.
-
-    ``sync_pending=False`` for a release burst replayed from the trace: the frees its
-    synchronisation completed are already in the trace (``free_completed`` entries right
-    before the burst); a block still pending there stayed pending in the real run.
-    """
+def free_all_cached(eng: EngineCore, i: int) -> None:
+    """``release_cached_blocks`` (OOM path and ``empty_cache``): sync, then release."""
     eng.num_sync_all_streams += 1
-    for aid, blk in list(eng.pending.items()) if sync_pending else ():
+    for aid, blk in list(eng.pending.items()):
         eng.live[aid] = None
         eng.active -= blk.size
         eng.requested -= blk.req
         eng.to_cache(blk)
-    if sync_pending:
-        eng.pending.clear()
+    eng.pending.clear()
     for pool in (eng.default_large, eng.default_small):
         to_unmap: list[Block] = []
         for b in pool_blocks(pool):
@@ -80,6 +74,16 @@ def free_all_cached(eng: EngineCore, i: int, *, sync_pending: bool = True) -> No
             unmap_block(eng, b, i)
             if not b.mapped and b.prev is None and b.next is None:
                 release_segment(b)
+
+
+def release_pool(eng: EngineCore, lane: int, i: int) -> None:
+    """Release every whole cached segment of the private pool of ``lane`` (small and large):
+    a ``MemPool`` destroyed or emptied, a CUDA graph pool that became free."""
+    eng.num_sync_all_streams += 1  # torch synchronises the pool's events first
+    for fl in (eng.small_lists[lane], eng.large_lists[lane]):
+        for b in pool_blocks(fl.pool):
+            if b.seg is None and b.prev is None and b.next is None:
+                release_block(eng, b, i)
 
 
 def collect_garbage(eng: EngineCore, i: int) -> None:

@@ -127,6 +127,8 @@ class Trace:
     #: private pools (CUDA graphs, ``torch.cuda.MemPool``) the snapshot shows whose allocations the
     #: trace entries do not attribute (torch ≤ 2.11 writes no ``pool_id`` in trace entries)
     unattributed_pools: tuple[tuple[int, int], ...] = ()
+    #: allocations attributed to a private pool from the recorded run (:mod:`.pools`)
+    inferred_private_allocs: int = 0
 
     def caveats(self) -> tuple[str, ...]:
         """What the replay cannot model faithfully in this trace, for people.
@@ -140,8 +142,10 @@ class Trace:
             out.append(f"trace entries the replay does not model ({names})")
         private = sorted({pool for pool in self.lane_pools if pool != (0, 0)})
         if private:
-            out.append(f"allocations in {len(private)} private memory pool(s): kept apart from the default "
-                       "pool, but when CUDA graphs release or reuse them is not modelled")
+            how = (f"{self.inferred_private_allocs:,} allocations attributed to it from the recorded "
+                   "addresses (the trace entries carry no pool id), " if self.inferred_private_allocs else "")
+            out.append(f"allocations in {len(private)} private memory pool(s): {how}kept apart from the "
+                       "default pool, but when CUDA graphs release or reuse them is not modelled")
         if self.unattributed_pools:
             out.append(
                 f"{len(self.unattributed_pools)} private memory pool(s) (CUDA graphs / torch.cuda.MemPool) "
@@ -250,8 +254,47 @@ def extract_trace(
     """Decode ``snapshot["device_traces"][device]``; see :func:`_extract` (this adds the
     private pools the snapshot shows but the trace entries do not attribute)."""
     trace = _extract(snapshot, device, initial_state)
+    attribution = _pool_attribution(snapshot, trace)
+    if attribution is not None:
+        trace, _ = _decode(trace_entries(snapshot, trace.device), trace.device, None, 0,
+                           _recorded_gc(snapshot), attribution)
+        trace = dataclasses.replace(trace, inferred_private_allocs=len(attribution.alloc_pools))
     pools = _unattributed_pools(snapshot, trace)
     return dataclasses.replace(trace, unattributed_pools=pools) if pools else trace
+
+
+def trace_entries(snapshot: Mapping[str, Any], device: int) -> Sequence[Any]:
+    """The raw entries of one device's trace (already validated by :func:`extract_trace`)."""
+    entries: Sequence[Any] = snapshot["device_traces"][device]
+    return entries
+
+
+#: Pool attribution reads the whole trace once more (about 3 µs an entry): it runs on traces
+#: up to this size, and on any trace whose snapshot shows a private pool.
+POOL_ATTRIBUTION_MAX_ENTRIES = 200_000
+
+
+def _pool_attribution(snapshot: Mapping[str, Any], trace: Trace) -> Any:
+    """Private pools read off the recorded run (:mod:`.pools`) when the entries carry no pool id."""
+    if trace.initial_state is not None or any(pool != (0, 0) for pool in trace.lane_pools):
+        return None
+    entries = trace_entries(snapshot, trace.device)
+    segments = snapshot.get("segments")
+    final = segments if isinstance(segments, list) else []
+    shows_private = any(isinstance(seg, Mapping) and pool_id_of_entry(seg) != (0, 0) for seg in final)
+    if not shows_private and len(entries) > POOL_ATTRIBUTION_MAX_ENTRIES:
+        return None
+    from allocconf_widget.core.sim.pools import attribute_pools
+    from allocconf_widget.core.sim.settings import round_size
+
+    settings = _recorded_settings(snapshot)
+    # from 2.12 private pools may be expandable too: a classic segment then proves nothing
+    expandable = settings.expandable_segments
+    if expandable and settings.torch_version >= (2, 12):
+        return None
+    slots, div2 = settings.roundup_slots, settings.torch_version >= (2, 4)
+    return attribute_pools(entries, final, lambda n: round_size(n, slots, div2),
+                           max_split=settings.max_split_bytes, expandable=expandable)
 
 
 def _unattributed_pools(snapshot: Mapping[str, Any], trace: Trace) -> tuple[tuple[int, int], ...]:
@@ -402,9 +445,9 @@ def decode_entries(
 
 def _decode(
     entries: Sequence[Any], device: int, initial_state: AllocatorState | None, start: int,
-    recorded_gc: bool = False,
+    recorded_gc: bool = False, pools: Any = None,
 ) -> tuple[Trace, list[int]]:
-    b = _Decoder(entries, initial_state, recorded_gc)
+    b = _Decoder(entries, initial_state, recorded_gc, pools)
     b.run(start)
     trace = Trace(
         device=device,
@@ -439,8 +482,10 @@ class _Decoder:
     """Single pass over the entries; see the module docstring for what it folds."""
 
     def __init__(self, entries: Sequence[Any], initial: AllocatorState | None = None,
-                 recorded_gc: bool = False) -> None:
+                 recorded_gc: bool = False, pools: Any = None) -> None:
         self.entries = entries
+        self.alloc_pools: dict[int, tuple[int, int]] = pools.alloc_pools if pools is not None else {}
+        self.release_pools: dict[int, tuple[int, int]] = pools.release_pools if pools is not None else {}
         self.initial = initial
         self.recorded_gc = recorded_gc
         self._explained_from: list[int] | None = None
@@ -468,8 +513,8 @@ class _Decoder:
         self.live: dict[int, bool] = {}  # addr -> free already requested
         self.held: list[tuple[int, int, int, int, int, int]] = []  # completions moved past an alloc
 
-    def _lane(self, entry: Mapping[str, Any]) -> int:
-        pool = pool_id_of_entry(entry)
+    def _lane(self, entry: Mapping[str, Any], idx: int = -1) -> int:
+        pool = self.alloc_pools.get(idx) or self.release_pools.get(idx) or pool_id_of_entry(entry)
         stream = int_or_zero(entry.get("stream"))
         key = (pool, stream)
         lane = self.lane_ids.get(key)
@@ -485,7 +530,7 @@ class _Decoder:
         self.ops.append(op)
         self.aids.append(aid)
         self.sizes.append(size)
-        self.lanes.append(self._lane(entry))
+        self.lanes.append(self._lane(entry, idx))
         self.index.append(idx)
         self.times.append(int_or_zero(entry.get("time_us")))
 
@@ -592,6 +637,11 @@ class _Decoder:
         prev = self.entries[idx - 1] if idx else None
         if isinstance(prev, Mapping) and prev.get("action") in _RELEASES:
             return  # not the first release of its burst
+        if idx in self.release_pools:
+            # a private pool released (a MemPool destroyed or emptied, a graph pool freed):
+            # the replay releases that pool's cached segments, under every setting
+            self._emit(OP_EMPTY_CACHE, -1, 0, e, idx)
+            return
         need = self._burst_need(idx, reserved_before)
         if need != 0:
             self._hold_sync_completions(idx)

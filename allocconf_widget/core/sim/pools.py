@@ -1,0 +1,249 @@
+"""Which allocations went to a private pool, when the trace entries do not say.
+
+torch ≤ 2.11 writes no pool id into trace entries, so the allocations of CUDA graphs
+(``torch.compile(mode="reduce-overhead")``) and of ``torch.cuda.use_mem_pool`` look like
+default-pool ones, and a replay that mixes them reuses blocks the real allocator never
+could. Which pool each request went to is the program's choice, the same under every
+setting, so it can be read off the recorded run once:
+
+* the final snapshot lists each surviving segment with its ``segment_pool_id``;
+* a new segment made while a live segment of the same stream and size class had a free
+  gap that would have served the request cannot be in that segment's pool (the
+  allocator always reuses a fitting cached block of its own pool first);
+* segments released together with private ones, when no default segment is released in
+  that burst, went with their pool (a ``MemPool`` being destroyed or emptied).
+
+Segments form a graph of "not in the same pool" edges; with one private pool beside the
+default one it is two-coloured from the anchors. Allocations inside a private segment get
+that pool. Anything contradictory (an odd cycle, two private pools) gives up: the caller
+keeps the default attribution and its caveat.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right, insort
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from allocconf_widget.core.numbers import int_or_zero
+from allocconf_widget.core.sim.state import pool_id_of_entry
+
+MIB = 1 << 20
+SMALL_SEGMENT = 2 * MIB
+DEFAULT_POOL = (0, 0)
+#: the id given to an inferred private pool that the snapshot does not name
+INFERRED_POOL = (-1, 1)
+
+
+@dataclass
+class _Segment:
+    start: int
+    end: int
+    stream: int
+    small: bool
+    blocks: dict[int, int] = field(default_factory=dict)  # live block start -> end
+    max_gap: int | None = None  # cached, None when blocks changed
+
+    def gap(self) -> int:
+        if self.max_gap is None:
+            pos = self.start
+            best = 0
+            for b0 in sorted(self.blocks):
+                best = max(best, b0 - pos)
+                pos = self.blocks[b0]
+            self.max_gap = max(best, self.end - pos)
+        return self.max_gap
+
+
+@dataclass(frozen=True)
+class PoolAttribution:
+    """Private pools read off a recorded run (entry index -> pool id, for private ones only)."""
+
+    alloc_pools: dict[int, tuple[int, int]]
+    release_pools: dict[int, tuple[int, int]]  # segment_free entry index -> private pool
+    private_segments: int
+
+
+def attribute_pools(
+    entries: Sequence[Any],
+    final_segments: Sequence[Any] | None,
+    rounding: Callable[[int], int],
+    *,
+    max_split: int | None = None,
+    expandable: bool = False,
+) -> PoolAttribution | None:
+    """Pool of every allocation of a trace whose entries carry no pool id, or None.
+
+    None when nothing points at a private pool, or when the evidence contradicts itself.
+    ``rounding`` is the recorded settings' request rounding; with ``max_split`` set,
+    oversize gaps prove nothing (the allocator may not split them) and are skipped. With
+    ``expandable`` (the run had expandable segments; torch ≤ 2.11 maps them in the default
+    pool only) every classic ``segment_alloc`` is a private pool's.
+    """
+    segs: list[_Segment] = []
+    live_starts: list[int] = []
+    live_id: dict[int, int] = {}
+    block_seg: dict[int, int] = {}
+    edges: dict[int, set[int]] = {}
+    bursts: list[list[int]] = []
+    released_at: dict[int, int] = {}
+    last_release = -2
+    n = len(entries)
+    for idx, e in enumerate(entries):
+        if not isinstance(e, Mapping):
+            return None
+        act = e.get("action")
+        if act == "alloc":
+            addr = int_or_zero(e.get("addr"))
+            pos = bisect_right(live_starts, addr) - 1
+            if pos < 0:
+                continue
+            sid = live_id[live_starts[pos]]
+            seg = segs[sid]
+            if addr >= seg.end:
+                continue
+            seg.blocks[addr] = min(addr + rounding(int_or_zero(e.get("size"))), seg.end)
+            seg.max_gap = None
+            block_seg[addr] = sid
+        elif act == "free_completed":
+            sid_or_none = block_seg.pop(int_or_zero(e.get("addr")), None)
+            if sid_or_none is not None:
+                seg = segs[sid_or_none]
+                seg.blocks.pop(int_or_zero(e.get("addr")), None)
+                seg.max_gap = None
+        elif act == "segment_alloc":
+            addr, size = int_or_zero(e.get("addr")), int_or_zero(e.get("size"))
+            sid = len(segs)
+            seg = _Segment(addr, addr + size, int_or_zero(e.get("stream")), size == SMALL_SEGMENT)
+            segs.append(seg)
+            edges[sid] = set()
+            request = _next_alloc(entries, idx, n)
+            if request is not None:
+                r = rounding(request)
+                small = r <= MIB
+                slack = 512 if small else MIB
+                for other_start in live_starts:
+                    oid = live_id[other_start]
+                    other = segs[oid]
+                    if other.stream != seg.stream or other.small != small:
+                        continue
+                    if max_split is not None and not small and other.gap() >= max_split:
+                        continue
+                    if other.gap() - slack >= r:
+                        edges[sid].add(oid)
+                        edges[oid].add(sid)
+            insort(live_starts, addr)
+            live_id[addr] = sid
+        elif act in ("segment_unmap", "segment_map"):
+            if not expandable:
+                return None
+        elif act == "segment_free":
+            addr = int_or_zero(e.get("addr"))
+            sid_or_none = live_id.pop(addr, None)
+            if sid_or_none is None:
+                continue
+            del live_starts[bisect_left(live_starts, addr)]
+            released_at[sid_or_none] = idx
+            if last_release == idx - 1 and bursts:
+                bursts[-1].append(sid_or_none)
+            else:
+                bursts.append([sid_or_none])
+            last_release = idx
+    anchors: dict[int, tuple[int, int]] = {}
+    for raw in final_segments or ():
+        if isinstance(raw, Mapping):
+            sid_or_none = live_id.get(int_or_zero(raw.get("address")))
+            if sid_or_none is not None:
+                anchors[sid_or_none] = pool_id_of_entry(raw)
+    private_ids = {p for p in anchors.values() if p != DEFAULT_POOL}
+    if len(private_ids) > 1:
+        return None
+    private = private_ids.pop() if private_ids else INFERRED_POOL
+    color = (dict.fromkeys(range(len(segs)), 1) if expandable
+             else _two_colour(len(segs), edges, anchors))
+    if color is None:
+        return None
+    # a burst that released a private segment and no default one released its whole pool
+    for burst in bursts:
+        if any(color.get(s) == 1 for s in burst) and not any(color.get(s) == 0 for s in burst):
+            for s in burst:
+                color.setdefault(s, 1)
+    if not any(c == 1 for c in color.values()):
+        return None
+    alloc_pools: dict[int, tuple[int, int]] = {}
+    release_pools: dict[int, tuple[int, int]] = {}
+    _assign(entries, segs, color, private, alloc_pools)
+    for sid, idx in released_at.items():
+        if color.get(sid) == 1:
+            release_pools[idx] = private
+    return PoolAttribution(alloc_pools, release_pools, sum(1 for c in color.values() if c == 1))
+
+
+def _next_alloc(entries: Sequence[Any], idx: int, n: int) -> int | None:
+    for j in range(idx + 1, min(idx + 8, n)):
+        e = entries[j]
+        if isinstance(e, Mapping) and e.get("action") == "alloc":
+            return int_or_zero(e.get("size"))
+    return None
+
+
+def _two_colour(count: int, edges: dict[int, set[int]],
+                anchors: dict[int, tuple[int, int]]) -> dict[int, int] | None:
+    """0 = default pool, 1 = private; components with neither anchor nor edge stay out."""
+    color: dict[int, int] = {}
+    for root in range(count):
+        if root in color or (not edges.get(root) and root not in anchors):
+            continue
+        comp: list[int] = []
+        trial: dict[int, int] = {root: 0}
+        stack = [root]
+        while stack:
+            x = stack.pop()
+            comp.append(x)
+            for y in edges.get(x, ()):
+                if y not in trial:
+                    trial[y] = 1 - trial[x]
+                    stack.append(y)
+                elif trial[y] == trial[x]:
+                    return None
+        anchored = [(trial[s], anchors[s] != DEFAULT_POOL) for s in comp if s in anchors]
+        if anchored:
+            flips = {t ^ int(priv) for t, priv in anchored}
+            if len(flips) > 1:
+                return None
+            flip = flips.pop()
+        elif len(comp) > 1:
+            # no anchor: the segment that appears first is the default pool's
+            flip = trial[min(comp)]
+        else:
+            continue
+        for s in comp:
+            color[s] = trial[s] ^ flip
+    return color
+
+
+def _assign(entries: Sequence[Any], segs: list[_Segment], color: dict[int, int],
+            private: tuple[int, int], out: dict[int, tuple[int, int]]) -> None:
+    """Second pass: each allocation inside a private segment's lifetime gets its pool."""
+    live_starts: list[int] = []
+    live_id: dict[int, int] = {}
+    next_sid = 0
+    for idx, e in enumerate(entries):
+        act = e.get("action")
+        if act == "segment_alloc":
+            addr = int_or_zero(e.get("addr"))
+            insort(live_starts, addr)
+            live_id[addr] = next_sid
+            next_sid += 1
+        elif act == "segment_free":
+            addr = int_or_zero(e.get("addr"))
+            if live_id.pop(addr, None) is not None:
+                del live_starts[bisect_left(live_starts, addr)]
+        elif act == "alloc":
+            addr = int_or_zero(e.get("addr"))
+            pos = bisect_right(live_starts, addr) - 1
+            if pos >= 0:
+                sid = live_id[live_starts[pos]]
+                if color.get(sid) == 1 and addr < segs[sid].end:
+                    out[idx] = private
