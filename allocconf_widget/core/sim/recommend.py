@@ -162,9 +162,9 @@ def recommend(
                for c, k, other in entries):
             entries.append((conf, kind, s))
 
-    # The last run is the self-check: it replays the current settings on the recorded
-    # segment addresses. Ranking uses the plain replay, so every candidate shares one
-    # address model and equal behaviour shows as equal numbers.
+    # The last run is the self-check: the current settings replayed with the same
+    # information as every candidate (the driver address model, no recorded addresses),
+    # so the current row and the self-check beside it can never disagree.
     results = simulate_many(
         trace,
         [s for _, _, s in entries] + [recorded],
@@ -176,8 +176,8 @@ def recommend(
     )
     fidelity = results.pop().fidelity
     base = results[0]
-    candidates = [
-        Candidate(conf, kind, s, r, _reason(kind, s, r, base), kind == "current")
+    candidates = [  # each result carries the self-check, so its OOM verdict can say how sure it is
+        Candidate(conf, kind, s, r.with_fidelity(fidelity), _reason(kind, s, r, base), kind == "current")
         for (conf, kind, s), r in zip(entries, results, strict=True)
     ]
     candidates.sort(key=_rank_key)
@@ -188,6 +188,9 @@ def recommend(
             "the replay of the current settings does not reproduce the recorded segment "
             f"events exactly ({fidelity.summary()}); treat the ranking as approximate"
         )
+    elif fidelity is not None and fidelity.caveats:
+        notes.append("the replay cannot model everything in this trace ("
+                     + "; ".join(fidelity.caveats) + "); treat the ranking as approximate")
     if trace.initial_state is not None:
         notes.append(
             f"the replays start from {trace.initial_state.provenance()} "

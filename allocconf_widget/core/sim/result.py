@@ -221,6 +221,15 @@ class SimResult:
             return 0.0
         return 1.0 - self.peak_allocated_bytes / self.peak_reserved_bytes
 
+    def oom_verdict(self) -> str:
+        """"no" only when the self-check beside this result is confident; otherwise a "no"
+        comes with its caveat, so no front end states a confident "no OOM" it cannot back."""
+        if self.oom is not None:
+            return "yes"
+        if self.fidelity is not None and self.fidelity.confident:
+            return "no"
+        return "no (unverified: see the self-check)"
+
     def with_fidelity(self, fidelity: Fidelity | None) -> SimResult:
         """Copy carrying a self-check result beside the prediction."""
         return dataclasses.replace(self, fidelity=fidelity)
@@ -257,6 +266,7 @@ class SimResult:
             },
             "seconds": round(self.seconds, 6),
             "fidelity": self.fidelity.to_json() if self.fidelity is not None else None,
+            "oom_verdict": self.oom_verdict(),
             "series": self.series.to_json(),
         }
 

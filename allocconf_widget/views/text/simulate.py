@@ -17,7 +17,7 @@ _HEADER = ("settings", "peak reserved", "peak allocated", "1 − alloc/res", "cu
 def _oom_cell(row: SimulationRow) -> str:
     oom = row.result.oom
     if oom is None:
-        return "no"
+        return row.result.oom_verdict()  # "no" only beside a confident self-check
     return (f"at event {oom.event_index:,} ({format_bytes(oom.segment_bytes)}"
             + (", as recorded)" if oom.recorded else ")"))
 
