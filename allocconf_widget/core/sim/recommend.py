@@ -162,9 +162,9 @@ def recommend(
                for c, k, other in entries):
             entries.append((conf, kind, s))
 
-    # The last run is the self-check: the current settings replayed with the same
+    # The last run is the self-check: the recorded settings replayed with the same
     # information as every candidate (the driver address model, no recorded addresses),
-    # so the current row and the self-check beside it can never disagree.
+    # so a row of the recorded settings and the self-check beside it never disagree.
     results = simulate_many(
         trace,
         [s for _, _, s in entries] + [recorded],

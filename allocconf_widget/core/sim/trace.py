@@ -722,7 +722,8 @@ class _Decoder:
         for j in range(start, end):
             e = self.entries[j]
             act = e.get("action")
-            if act == "segment_unmap" or (act == "segment_free" and int_or_zero(e.get("size")) <= _SMALL_SEGMENT):
+            small = act == "segment_free" and int_or_zero(e.get("size")) <= _SMALL_SEGMENT
+            if act == "segment_unmap" or small:
                 return False
         return True
 
