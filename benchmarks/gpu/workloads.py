@@ -316,3 +316,43 @@ WORKLOADS.update({
     "mempool": mempool,
     "fracmid": fracmid,
 })
+
+
+def gpt2_ec(device: torch.device, log_step: StepLogger, cycles: int = 2) -> None:
+    """Held-out check (third-party model code): a GPT-2 from ``transformers`` (random weights, from
+    its config), a few training steps, ``gc.collect(); empty_cache()``, KV-cache generation."""
+    import gc
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    _set_determinism()
+    rng = random.Random(10)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=6, n_embd=512, n_head=8)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    step = 0
+    for _ in range(cycles):
+        model.train()
+        for _ in range(3):
+            log_step(step)
+            step += 1
+            ids = torch.randint(0, 50257, (rng.choice([4, 8, 12]), rng.choice([128, 256, 512])),
+                                device=device)
+            opt.zero_grad(set_to_none=True)
+            model(ids, labels=ids).loss.backward()
+            opt.step()
+            del ids
+        gc.collect()
+        torch.cuda.empty_cache()
+        model.eval()
+        with torch.no_grad():
+            log_step(step)
+            step += 1
+            prompt = torch.randint(0, 50257, (rng.choice([8, 16]), 32), device=device)
+            out = model.generate(prompt, max_new_tokens=48, do_sample=False, pad_token_id=0)
+            del prompt, out
+        gc.collect()
+        torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+
+
+WORKLOADS["gpt2_ec"] = gpt2_ec
