@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 MIB = 1 << 20
 #: Device memory in use in a fresh torch 2.11 process on an H200 once CUDA is initialised
-#: (``total − free`` right after ``mem_get_info``; the smallest of the 99 recorded runs in
+#: (``total − free`` right after ``mem_get_info``; the smallest over the recorded runs in
 #: ``benchmarks/data``, 526.8 MiB): the CUDA context before any kernel or library loads.
 CUDA_CONTEXT_BYTES = 527 * MIB
 
