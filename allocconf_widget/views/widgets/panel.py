@@ -153,11 +153,17 @@ class Panel:
         self._copy_to_clipboard(text)
 
     def _copy_to_clipboard(self, text: str) -> None:
-        """Ask the browser to copy ``text`` (the click is the user gesture it requires)."""
-        from IPython.display import Javascript
+        """Ask the browser to copy ``text`` (the click is the user gesture it requires).
 
-        self._clipboard.outputs = ()
-        self._clipboard.append_display_data(Javascript(copy_script(text, self._copy_id)))
+        The output bundle is written as is, not through the shell's display formatter:
+        a shell whose formatter leaves JavaScript out would otherwise send nothing to run.
+        """
+        self._clipboard.outputs = ({
+            "output_type": "display_data",
+            "data": {"application/javascript": copy_script(text, self._copy_id),
+                     "text/plain": "(copying the snippet to the clipboard)"},
+            "metadata": {},
+        },)
 
     def _session_changed(self) -> None:
         """The magic (or another panel) changed the staged settings: show them."""
