@@ -42,7 +42,7 @@ from _table import print_table  # noqa: E402
 from allocconf_widget.core.memory.snapshot import load_snapshot  # noqa: E402
 from allocconf_widget.core.sim.simulator import SimSettings, extract_trace, simulate  # noqa: E402
 
-GB = 1e9
+GIB = 1 << 30
 
 
 def _load_runs(data: Path, workdir: Path) -> dict[str, dict[str, dict]]:
@@ -130,7 +130,7 @@ def main() -> None:
 
 
 def _print(rows: list[dict], markdown: bool) -> None:
-    head = ["workload", "setting", "fraction", "real peak GB", "predicted GB", "error",
+    head = ["workload", "setting", "fraction", "real peak GiB", "predicted GiB", "error",
             "OOM real/pred", "self-check", "self-check peak", "recorded addresses", "depends on"]
     lines = []
     for r in rows:
@@ -140,7 +140,7 @@ def _print(rows: list[dict], markdown: bool) -> None:
             exact += " (low)"
         hinted = "exact" if r["hinted_exact"] else f"{r['hinted_score']:.3f}"
         lines.append([r["workload"], r["conf"], f"{r['fraction']:.4f}" if r["fraction"] else "",
-                      f"{r['real_peak'] / GB:.3f}", f"{r['pred_peak'] / GB:.3f}",
+                      f"{r['real_peak'] / GIB:.3f}", f"{r['pred_peak'] / GIB:.3f}",
                       f"{r['err'] * 100:+.2f}%", oom, exact, f"{r['self_err'] * 100:+.2f}%", hinted,
                       "addr" if r["tie_break"] else ""])
     print_table(head, lines, markdown)

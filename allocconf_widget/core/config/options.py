@@ -181,8 +181,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
             "The allocator reserves a large virtual address range and maps physical pages into "
             "it on demand, so one segment can grow and shrink with tensors of changing size "
             "instead of leaving gaps between fixed segments. Usually the biggest cut in "
-            "fragmentation (a CNN with varying image sizes on an H200: 11.5 GB reserved by "
-            "default, 5.7 GB with this on). Costs: not supported on every platform (torch then "
+            "fragmentation (a CNN with varying image sizes on an H200: 10.69 GiB reserved by "
+            "default, 5.29 GiB with this on). Costs: not supported on every platform (torch then "
             "warns and ignores it), and older releases cannot share such memory through CUDA IPC."
         ),
         default="False",
@@ -200,8 +200,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
             "Meant to stop big free blocks from being cut up by small requests. But blocks at or "
             "above the limit are reused only for requests within max_non_split_rounding_mb of "
             "their size, and go back to the driver only when memory runs out, so on a large GPU "
-            "reserved memory can grow well beyond what is allocated (a CNN on an H200: 11.5 GB "
-            "by default, 26.6 GB with 128). Unset means any block may be split. Try "
+            "reserved memory can grow well beyond what is allocated (a CNN on an H200: 10.69 GiB "
+            "by default, 24.80 GiB with 128). Unset means any block may be split. Try "
             "expandable_segments first."
         ),
         default="unlimited",

@@ -33,7 +33,7 @@ def find_traps(values: Mapping[str, object], version: TorchVersion) -> list[Conf
             "split-with-expandable", "max_split_size_mb",
             "max_split_size_mb together with expandable_segments:True can let reserved memory "
             "grow without bound while little is allocated (pytorch/pytorch#123548; a random "
-            "alloc/free workload on an H200 reserved 149.5 GB instead of 9.8 GB). Drop "
+            "alloc/free workload on an H200 reserved 139.24 GiB instead of 9.09 GiB). Drop "
             "max_split_size_mb: expandable segments already limit fragmentation."))
     gc = values.get("garbage_collection_threshold")
     fraction = values.get("per_process_memory_fraction")

@@ -325,7 +325,7 @@ def large_snapshot_note(size_bytes: int) -> str | None:
         return None
     return (
         f"this snapshot is {size_bytes / (1 << 30):.1f} GiB: pytorch.org/memory_viz can crash "
-        "the browser on files over 1 GB (pytorch/pytorch PR #176290). Record fewer events "
+        "the browser on files over 1 GiB (pytorch/pytorch PR #176290). Record fewer events "
         "(_record_memory_history(max_entries=...)) or view it with a desktop tool "
         "such as SnapViewer"
     )

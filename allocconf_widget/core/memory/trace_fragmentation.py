@@ -125,6 +125,12 @@ class _Layout:
         return FragmentationPoint(time_us, inactive, largest)
 
 
+def _private_pool(segment: object) -> bool:
+    pool = segment.get("segment_pool_id") if isinstance(segment, Mapping) else None
+    return isinstance(pool, Sequence) and not isinstance(pool, str) and any(
+        isinstance(part, int) and part != 0 for part in pool)
+
+
 def fragmentation_at(
     snapshot: Mapping[str, Any], times_us: Sequence[float], device: int = 0
 ) -> list[FragmentationPoint]:
@@ -141,6 +147,9 @@ def fragmentation_at(
     if first.get("action") in _EXPANDABLE:
         raise HistoryMismatchError("expandable segments: the history does not say how mapped "
                                    "pages join into segments")
+    if any(_private_pool(seg) for seg in snapshot.get("segments") or ()):
+        raise HistoryMismatchError("private memory pools (CUDA graphs, torch.cuda.MemPool): the "
+                                   "history does not say which pool each block went to")
     if first.get("action") not in _SEGMENT_ADD:
         raise HistoryMismatchError("the allocation history does not start with the first segment "
                               "(it was cut by max_entries)")

@@ -130,7 +130,7 @@ class AllocatorState:
                     yield seg, b
 
     def describe(self) -> str:
-        """Short description for people: '41 segments, 1.5 GB reserved, 0.2 GB allocated'."""
+        """Short description for people: '41 segments, 1.43 GiB reserved, 212.00 MiB allocated'."""
         return (
             f"{len(self.segments)} segment{'s' if len(self.segments) != 1 else ''}, "
             f"{_fmt(self.reserved_bytes)} reserved, {_fmt(self.allocated_bytes)} allocated"
