@@ -1,8 +1,10 @@
 """The monitor widget, headless: demo replay, ≤ 2 Hz redraws, bounded bytes per update, hooks.
 
-Widgets are real ipywidgets; their comm is replaced by one that records every
-message a front end would receive (the approach of ipywidgets' own tests), so
-the sizes below are the serialized bytes that would go over the websocket.
+Widgets are real ipywidgets. What a front end would receive is observed through
+the widgets' public API only, so the same tests run on ipywidgets 7 (Colab) and 8:
+every change of a synced trait is recorded with ``observe``, and its size is that
+of ``get_state`` for the changed trait, i.e. the JSON (plus binary buffers) that
+ipywidgets puts on the websocket for it.
 """
 
 from __future__ import annotations
@@ -17,8 +19,6 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("ipywidgets")
-
-import comm
 
 from allocconf_widget.adapters.frontend import Frontend
 from allocconf_widget.adapters.replay import ReplaySampler
@@ -35,54 +35,58 @@ from allocconf_widget.views.widgets.monitor import (
 GIB = 1 << 30
 
 
-class RecordingComm:
-    """Stands in for a kernel comm; keeps (time, data, buffers) of every message sent."""
+class SyncRecorder:
+    """Every synced-state change of the widgets it watches: (time, trait name, state sent)."""
 
-    kernel = "recording"
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sent: dict[int, list[tuple[float, str, dict]]] = {}
 
-    def __init__(self, **kwargs):
-        self.comm_id = f"comm-{id(self)}"
-        self.open_data = kwargs.get("data")
-        self.sent: list[tuple[float, dict, list]] = []
+    def watch(self, widget) -> None:
+        if id(widget) in self._sent:
+            return
+        self._sent[id(widget)] = []
 
-    def send(self, data=None, buffers=None, **_kwargs):
-        self.sent.append((time.monotonic(), data, list(buffers or [])))
+        def record(change, widget=widget):
+            name = change["name"]
+            state = widget.get_state(name)  # what ipywidgets serialises and sends for it
+            with self._lock:
+                self._sent[id(widget)].append((time.monotonic(), name, state))
 
-    def on_msg(self, *_a, **_k):
-        pass
+        widget.observe(record, names=list(widget.keys))
 
-    def on_close(self, *_a, **_k):
-        pass
-
-    def close(self, *_a, **_k):
-        pass
+    def sent(self, widget) -> list[tuple[float, str, dict]]:
+        with self._lock:
+            return list(self._sent[id(widget)])
 
 
 @pytest.fixture
-def comms(monkeypatch):
-    made: list[RecordingComm] = []
-
-    def create_comm(**kwargs):
-        made.append(RecordingComm(**kwargs))
-        return made[-1]
-
-    monkeypatch.setattr(comm, "create_comm", create_comm)
-    yield made
-    # close the widgets this test made now, not in __del__ at interpreter exit
-    from ipywidgets.widgets import widget as widget_module
-
-    for instance in list(widget_module._instances.values()):
-        if isinstance(getattr(instance, "comm", None), RecordingComm):
-            instance.close()
+def comms():
+    return SyncRecorder()
 
 
-def _messages(widget) -> list[tuple[float, dict, list]]:
-    return [m for m in widget.comm.sent if m[1] and m[1].get("method") == "update"]
+def _watched_view(comms: SyncRecorder, view: MonitorView) -> MonitorView:
+    comms.watch(view.chart.widget)
+    return view
 
 
-def _size(message: tuple[float, dict, list]) -> int:
-    _t, data, buffers = message
-    return len(json.dumps(data, default=str).encode()) + sum(len(bytes(b)) for b in buffers)
+def _messages(comms: SyncRecorder, widget) -> list[tuple[float, str, dict]]:
+    return comms.sent(widget)
+
+
+def _byte_size(value) -> int:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return len(bytes(value))
+    if isinstance(value, dict):
+        return sum(len(json.dumps(k)) + _byte_size(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return sum(_byte_size(v) for v in value) + 2
+    return len(json.dumps(value, default=str).encode())
+
+
+def _size(message: tuple[float, str, dict]) -> int:
+    _t, _name, state = message
+    return _byte_size(state)
 
 
 def _wait(predicate, timeout: float = 10.0) -> bool:
@@ -111,7 +115,7 @@ def _fast_demo_view(renderer: str = "svg", speed: float = 4.0, skip_idle: float 
 
 
 def test_demo_replay_renders_the_recording_and_says_it_is_one(comms):
-    view = _fast_demo_view().start()
+    view = _watched_view(comms, _fast_demo_view()).start()
     assert _wait(lambda: "replay finished" in view.status.value, timeout=15)
     html = view.chart.widget.value
     assert "Recording: " in html and "<svg" in html
@@ -120,7 +124,7 @@ def test_demo_replay_renders_the_recording_and_says_it_is_one(comms):
     assert "replay finished" in view.status.value
     assert f"{len(load_demo().samples)} samples" in view.status.value
     # what the browser saw changed over the replay (several distinct chart states)
-    values = {m[1]["state"].get("value") for m in _messages(view.chart.widget)}
+    values = {state["value"] for _t, name, state in _messages(comms, view.chart.widget) if name == "value"}
     assert len(values) >= 4
 
 
@@ -174,7 +178,7 @@ def test_the_replay_shows_fragmentation_and_cuts_the_idle_start(comms):
 
 @pytest.mark.parametrize("renderer", ["svg", "figurewidget"])
 def test_redraws_stay_at_or_below_2_hz(comms, renderer):
-    view = _fast_demo_view(renderer=renderer, speed=3.0, skip_idle=None).start()
+    view = _watched_view(comms, _fast_demo_view(renderer=renderer, speed=3.0, skip_idle=None)).start()
     assert view.renderer == renderer
     started = time.monotonic()
     assert _wait(lambda: not view.running, timeout=15)
@@ -183,7 +187,7 @@ def test_redraws_stay_at_or_below_2_hz(comms, renderer):
     assert view.updates <= duration * 2 + 3
     assert view.skipped > view.updates
     key = "value" if renderer == "svg" else "_py2js_update"
-    times = [t for t, data, _b in _messages(view.chart.widget) if data["state"].get(key)]
+    times = [t for t, name, state in _messages(comms, view.chart.widget) if name == key and state[key]]
     gaps = [b - a for a, b in itertools.pairwise(times)]
     assert len(times) >= 3
     # allow the forced final redraw to come sooner; every other gap respects the interval
@@ -206,14 +210,14 @@ def _one_hour_at_10_hz(view: MonitorView) -> None:
 
 @pytest.mark.parametrize("renderer", ["svg", "figurewidget"])
 def test_bytes_per_update_stay_bounded_after_an_hour_at_10_hz(comms, renderer):
-    view = _fast_demo_view(renderer=renderer)
+    view = _watched_view(comms, _fast_demo_view(renderer=renderer))
     _one_hour_at_10_hz(view)
     sizes = []
     for k in range(3):
         view.source.timeline.add(3600 + k, {"reserved": 21 * GIB, "allocated": 10 * GIB})
-        before = len(view.chart.widget.comm.sent)
+        before = len(_messages(comms, view.chart.widget))
         assert view.refresh(force=True)
-        sizes.append(sum(_size(m) for m in view.chart.widget.comm.sent[before:]))
+        sizes.append(sum(_size(m) for m in _messages(comms, view.chart.widget)[before:]))
     assert max(sizes) <= 64 * 1024, sizes
     # and not trivially small: the hour is really in there
     assert min(sizes) > 5_000, sizes
