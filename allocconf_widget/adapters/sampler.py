@@ -154,6 +154,8 @@ class Sampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._hooked = False
+        self.steps_note: str | None = None
+        """Why optimizer steps are not being counted (None while they are, or before start)."""
         self._stride = 1
         self._last_step_at: float | None = None
         self._step_interval: float | None = None
@@ -332,6 +334,9 @@ class Sampler:
         self._hooked = step_hook.join(torch, self._on_step)
         if not self._hooked and self.step_sync:
             raise RuntimeError("this torch has no global optimizer step hook (needs torch >= 2.0)")
+        self.steps_note = None if self._hooked else (
+            f"steps not counted: torch {getattr(torch, '__version__', '?')} has no global "
+            "optimizer step hook (needs torch >= 2.0)")
 
     def _on_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
         """torch calls this after every ``optimizer.step()`` of any optimizer."""
@@ -389,5 +394,6 @@ class Sampler:
                 "snapshot_interval_s": self.budget.interval,
                 "snapshot_duty": (self.budget.total_s / elapsed) if elapsed else None,
                 "step_stride": self._stride,
-                "steps": self.steps,
+                "steps": None if self.steps_note else self.steps,
+                "steps_note": self.steps_note,
             }

@@ -130,11 +130,21 @@ def write_snapshot(snapshot: Snapshot, path: str | os.PathLike[str] | None = Non
                    kind: str = "snapshot") -> Path:
     """Save a snapshot for PyTorch's viewers; returns the path.
 
-    Default: ``./allocconf-exports/allocconf-<kind>-<time>.pickle``.
+    Default: ``./allocconf-exports/allocconf-<kind>-<time>.pickle``. The layout is the one
+    the installed torch's own ``_memory_viz`` reads (see
+    :func:`~allocconf_widget.core.memory.snapshot.save_snapshot`).
     """
     target = _target(path, kind, ".pickle")
-    save_snapshot(snapshot, target)
+    save_snapshot(snapshot, target, for_torch=viewer_torch())
     return target
+
+
+def viewer_torch() -> tuple[int, int] | None:
+    """(major, minor) of the installed torch, whose own viewer will open saved snapshots."""
+    from allocconf_widget.core.versions import installed_torch_version
+
+    version = installed_torch_version()
+    return None if version is None else version.key
 
 
 def write_live_snapshot(path: str | os.PathLike[str] | None = None, kind: str = "snapshot") -> Path:

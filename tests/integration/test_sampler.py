@@ -297,7 +297,18 @@ def test_thread_mode_counts_steps_too():
         _train(4)
     finally:
         sampler.stop()
-    assert sampler.steps == 4
+    if hasattr(sys.modules["torch.optim.optimizer"], "register_optimizer_step_post_hook"):
+        assert sampler.steps == 4 and sampler.overhead()["steps_note"] is None
+    else:  # torch 1.13: no global step hook; the monitor says so instead of showing 0 steps
+        assert sampler.overhead()["steps"] is None
+        assert f"torch {torch.__version__} has no global optimizer step hook" in sampler.steps_note
+
+
+def test_step_sync_mode_on_a_torch_without_the_global_hook_refuses_with_the_reason():
+    if hasattr(sys.modules["torch.optim.optimizer"], "register_optimizer_step_post_hook"):
+        pytest.skip(f"torch {torch.__version__} has the global step hook (2.0+)")
+    with pytest.raises(RuntimeError, match="needs torch >= 2.0"):
+        Sampler(step_sync=True).start()
 
 
 def test_step_sync_without_torch_imported_explains(monkeypatch):

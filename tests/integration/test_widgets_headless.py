@@ -34,9 +34,33 @@ def test_panel_edit_validate_apply():
     panel.close()
 
 
+def test_roundup_row_offers_only_the_forms_the_torch_release_takes():
+    """torch 1.13 takes one number only: the row must not offer a list it would then reject."""
+    from allocconf_widget.core.config import options as opt
+    from allocconf_widget.core.versions import parse_version
+    from allocconf_widget.views.widgets.controls import OptionRow
+
+    old_spec = next(s for s in opt.options_for(parse_version("1.13")) if s.name == "roundup_power2_divisions")
+    old = OptionRow(old_spec, None, lambda *_: None, version=parse_version("1.13"))
+    form, _uniform, bands = old.editor.children
+    assert list(form.options) == ["one value"] and bands.layout.display == "none"
+    old.show("[256:1,>:8]")  # a list from the environment is still shown (and rejected by the check)
+    assert form.value == "per band" and bands.value == "[256:1,>:8]" and bands.layout.display is None
+    new_spec = next(s for s in opt.options_for(parse_version("2.0")) if s.name == "roundup_power2_divisions")
+    new = OptionRow(new_spec, None, lambda *_: None, version=parse_version("2.0"))
+    form, _uniform, bands = new.editor.children
+    assert list(form.options) == ["one value", "per band"] and bands.layout.display != "none"
+    for row in (old, new):
+        row.box.close()
+
+
 def test_panel_roundup_editor_both_forms():
     panel = Panel(Session())
     row = panel._rows["roundup_power2_divisions"]
+    if panel.model.version.schema_key < (2, 0):
+        assert list(row.editor.children[0].options) == ["one value"]
+        panel.close()
+        pytest.skip(f"torch {panel.model.version} has no per-band form (the panel does not offer it)")
     form, _uniform, bands = row.editor.children
     row.enabled.value = True
     assert "roundup_power2_divisions:4" in panel.status.value

@@ -7,6 +7,7 @@ import io
 import os
 import pickle
 import pickletools
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -87,15 +88,29 @@ def test_saved_pickle_uses_only_what_memory_viz_js_can_read(tmp_path: Path) -> N
 
 
 def test_torch_memory_viz_cli_opens_a_saved_snapshot(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    path = tmp_path / "snap.pickle"
-    save_snapshot(snapshot(segment(block(20 * MIB, requested=19 * MIB))), path)
+    """The installed torch's own viewer opens what the package saves for it (1.13 reads a list)."""
+    torch = pytest.importorskip("torch")
+    from allocconf_widget.app.exports import viewer_torch, write_snapshot
+
+    path = write_snapshot(snapshot(segment(block(20 * MIB, requested=19 * MIB))), tmp_path / "snap.pickle")
     result = subprocess.run(
         [sys.executable, "-m", "torch.cuda._memory_viz", "stats", str(path)],
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert "total_reserved: 20.0MiB" in result.stdout
+    # 2.x prints total_reserved; 1.13's viewer prints total_size ('20.0MiB' in both)
+    total = "total_reserved" if viewer_torch() >= (2, 0) else "'total_size'"
+    assert re.search(total + r":? *20\.0MiB", result.stdout), (torch.__version__, result.stdout)
+    assert load_snapshot(path)["segments"][0]["total_size"] == 20 * MIB
+
+
+def test_a_snapshot_saved_for_torch_1_13_is_the_list_its_viewer_reads(tmp_path: Path) -> None:
+    snap = snapshot(segment(block(MIB)), segment(block(2 * MIB)))
+    path = tmp_path / "old.pickle"
+    save_snapshot(snap, path, for_torch=(1, 13))
+    raw = pickle.loads(path.read_bytes())
+    assert isinstance(raw, list) and [s["total_size"] for s in raw] == [MIB, 2 * MIB]
+    assert load_snapshot(path)["segments"] == snap["segments"]
 
 
 def test_save_adds_device_traces_the_viewer_needs_without_touching_the_input(

@@ -475,11 +475,16 @@ def _write_atomically(path: Path, payload: bytes) -> None:
         raise
 
 
-def save_snapshot(snapshot: Snapshot, path: str | os.PathLike[str]) -> int:
+def save_snapshot(snapshot: Snapshot, path: str | os.PathLike[str],
+                  for_torch: tuple[int, int] | None = None) -> int:
     """Write a snapshot as a plain pickle that PyTorch's viewers open; returns bytes written.
 
     Uses pickle protocol 4, the newest that MemoryViz.js (pytorch.org/memory_viz)
-    reads, and adds an empty ``device_traces`` if missing. A name ending in
+    reads, and adds an empty ``device_traces`` if missing. ``for_torch`` is the
+    (major, minor) of the torch whose ``python -m torch.cuda._memory_viz`` will
+    open the file: torch 1.13's viewer reads the list of segments that 1.13's
+    ``memory_snapshot()`` returns and crashes on the 2.x dict, so below 2.0 the
+    file holds the segments alone (1.13 has no trace to lose). A name ending in
     ``.gz`` is gzip-compressed: :func:`load_snapshot` reads that directly, but the
     viewers need it decompressed first (``gunzip``). The file is written to a
     temporary name and renamed, so a failure never leaves a truncated snapshot.
@@ -490,7 +495,9 @@ def save_snapshot(snapshot: Snapshot, path: str | os.PathLike[str]) -> int:
     """
     target = Path(path)
     _check_plain_data(snapshot)
-    payload = pickle.dumps(_for_viewer(snapshot), protocol=_VIEWER_PICKLE_PROTOCOL)
+    layout: Any = (list(snapshot["segments"]) if for_torch is not None and for_torch < (2, 0)
+                   else _for_viewer(snapshot))
+    payload = pickle.dumps(layout, protocol=_VIEWER_PICKLE_PROTOCOL)
     if target.name.endswith(".gz"):
         payload = gzip.compress(payload, mtime=0)
     try:

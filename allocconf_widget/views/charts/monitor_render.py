@@ -129,6 +129,8 @@ def status_html(
     parts.append(f"{payload.samples:,} samples")
     if overhead.get("steps"):
         parts.append(f"step {overhead['steps']:,}")
+    if overhead.get("steps_note"):
+        parts.append(f"<i>{escape(str(overhead['steps_note']))}</i>")
     interval = overhead.get("snapshot_interval_s")
     if interval:
         parts.append(f"snapshot every {interval:.1f} s ({overhead.get('last_snapshot_ms') or 0:.1f} ms)")

@@ -58,9 +58,10 @@ def run_record(args: argparse.Namespace, ctx: Any) -> Any:
     recorder.__exit__(None, None, None)
     ctx.session.extras[RECORDING_KEY] = rec
     if args.save and rec.snapshot is not None:
+        from allocconf_widget.app.exports import viewer_torch
         from allocconf_widget.core.memory.snapshot import save_snapshot
 
-        save_snapshot(rec.snapshot, args.save)
+        save_snapshot(rec.snapshot, args.save, for_torch=viewer_torch())
         print(f"Saved the snapshot to {args.save} (open it at pytorch.org/memory_viz).")
     failed = getattr(result, "error_in_exec", None)
     status = f"the cell raised {type(failed).__name__}" if failed else "the cell finished"

@@ -24,6 +24,7 @@ from typing import Any
 
 from allocconf_widget.app.panel_draft import default_number
 from allocconf_widget.core.config import options as opt
+from allocconf_widget.core.versions import TorchVersion
 
 OnChange = Callable[[str, "str | None"], None]
 _POW2 = [str(1 << i) for i in range(8)]
@@ -55,7 +56,8 @@ class Editor:
 class OptionRow:
     """The widgets of one option: set-checkbox, name with tooltip, value editor, hint."""
 
-    def __init__(self, spec: opt.OptionSpec, value: str | None, on_change: OnChange) -> None:
+    def __init__(self, spec: opt.OptionSpec, value: str | None, on_change: OnChange,
+                 version: TorchVersion | None = None) -> None:
         import ipywidgets as W
 
         self.spec = spec
@@ -67,7 +69,7 @@ class OptionRow:
         self.enabled.add_class("allocconf-set")
         self.hint = W.HTML(layout=W.Layout(width="300px"))
         self.hint.add_class("allocconf-hint")
-        self._editor = _editor_for(spec)
+        self._editor = _editor_for(spec, version)
         self.editor = self._editor.widget
         self.editor.layout.width = "430px"  # one column for every editor, so hints line up
         if value is not None:
@@ -134,14 +136,15 @@ def _leaves(widget: Any) -> list[Any]:
     return [leaf for child in children for leaf in _leaves(child)]
 
 
-def _editor_for(spec: opt.OptionSpec) -> Editor:
-    """The editor for the option's kind."""
+def _editor_for(spec: opt.OptionSpec, version: TorchVersion | None = None) -> Editor:
+    """The editor for the option's kind, as ``version`` of torch takes it."""
+    if spec.kind is opt.Kind.ROUNDUP:
+        return _roundup_editor(spec, version)
     builders = {
         opt.Kind.SIZE_MB: _size_editor,
         opt.Kind.BOOL: _bool_editor,
         opt.Kind.FRACTION: _fraction_editor,
         opt.Kind.BACKEND: _backend_editor,
-        opt.Kind.ROUNDUP: _roundup_editor,
         opt.Kind.COUNT: _count_editor,
     }
     return builders.get(spec.kind, _text_editor)(spec)
@@ -254,15 +257,24 @@ def _count_editor(spec: opt.OptionSpec) -> Editor:
     return _dropdown_editor(list(_POW2), default_number(spec) or "1", "120px")
 
 
-def _roundup_editor(_spec: opt.OptionSpec) -> Editor:
-    """Both forms: one division count for every size, or a per-band list."""
+def _roundup_editor(_spec: opt.OptionSpec, version: TorchVersion | None = None) -> Editor:
+    """One division count for every size, or (torch 2.0+) a per-band list.
+
+    torch 1.13 has only the single number, so the per-band form is not offered
+    there: offering it would only lead to an error after the user filled it in.
+    A list value that arrives anyway (from the environment) is still shown.
+    """
     import ipywidgets as W
 
-    form = W.Dropdown(options=["one value", "per band"], value="one value",
-                      layout=W.Layout(width="110px"))
+    forms = ["one value", "per band"]
+    if version is not None and version.schema_key < (2, 0):
+        forms = ["one value"]
+    form = W.Dropdown(options=forms, value="one value", layout=W.Layout(width="110px"))
     uniform = W.Dropdown(options=_POW2[1:], value="4", layout=W.Layout(width="70px"))
     bands = W.Text(value="", placeholder="[256:1,512:2,>:8]",
                    continuous_update=False, layout=W.Layout(width="170px"))
+    if len(forms) == 1:
+        bands.layout.display = "none"
 
     def read() -> str:
         return str(uniform.value) if form.value == "one value" else str(bands.value).strip()
@@ -271,6 +283,9 @@ def _roundup_editor(_spec: opt.OptionSpec) -> Editor:
         if "off" in uniform.options:
             uniform.options = [o for o in uniform.options if o != "off"]
         if text.startswith("["):
+            if "per band" not in form.options:
+                form.options = [*form.options, "per band"]
+                bands.layout.display = None
             form.value = "per band"
             bands.value = text
         else:

@@ -38,7 +38,8 @@ class Panel:
 
         self.model = PanelModel(session)
         self._lock = threading.RLock()
-        self._rows = {spec.name: OptionRow(spec, self.model.draft.get(spec.name), self._edited)
+        self._rows = {spec.name: OptionRow(spec, self.model.draft.get(spec.name), self._edited,
+                                          version=self.model.version)
                       for spec in self.model.specs}
         self.banner = W.HTML(self.model.banner_html())
         self.banner.add_class("allocconf-banner")
