@@ -1,0 +1,316 @@
+"""The closest thing to Colab here: classic Notebook 6.5.7 + widgetsnbextension 3.6.10 in Chromium.
+
+Colab's own front end cannot run here. What can: the widget generation Colab ships
+(ipywidgets 7.7.1, its classic-notebook front end widgetsnbextension 3.6.10) on Colab's
+kernel stack (ipykernel 6.17.1, jupyter_client 7.4.9, IPython 7.34.0, traitlets 5.7.1,
+tornado 6.5, plotly 5.24.1), in a real page. CI's ``colab`` cell installs exactly those
+and runs this module; with another stack (Notebook 7, ipywidgets 8) it skips, and with
+``ALLOCCONF_REQUIRE_CLASSIC=1`` (set by that CI cell) a skip is an error instead.
+
+What is checked, each in the page: the panel renders; a slider + Apply reaches the
+kernel's environment; the monitor's SVG chart is redrawn while the cell is still busy,
+from the replay thread and in step-synchronous mode (the Colab mode: redraws happen on
+the training loop's own thread after each optimizer step); the What-if chart draws.
+Still unverified: Colab's own widget manager (the custom one loaded from Google's CDN).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.jupyter import (
+    JupyterServer,
+    NotebookUI,
+    click_button,
+    find_widget,
+    free_port,
+    screenshot,
+    set_slider,
+    set_toggle,
+    wait_for_text,
+    wait_until,
+    widget_text,
+    write_python3_kernelspec,
+)
+from tests.integration.kernels import clean_kernel_env
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def _classic_missing_reason() -> str | None:
+    try:
+        import notebook
+        import widgetsnbextension
+    except ImportError as exc:
+        return f"classic Notebook 6 + widgetsnbextension not installed ({exc.name})"
+    if not str(notebook.__version__).startswith("6."):
+        return f"notebook {notebook.__version__} is not the classic Notebook 6 (Colab's generation)"
+    if not str(widgetsnbextension.__version__).startswith("3."):
+        return f"widgetsnbextension {widgetsnbextension.__version__} is not the ipywidgets-7 front end"
+    return None
+
+
+_REASON = _classic_missing_reason()
+if _REASON:
+    if os.environ.get("ALLOCCONF_REQUIRE_CLASSIC"):
+        raise RuntimeError(f"ALLOCCONF_REQUIRE_CLASSIC is set but: {_REASON}")
+    pytest.skip(_REASON, allow_module_level=True)
+
+VAR_BY_TORCH = "PYTORCH_ALLOC_CONF"  # what torch 2.13 (this cell's torch) reads
+
+
+# ----------------------------------------------------------------- the classic server
+def _start_classic_server(root: Path, timeout: float = 120.0) -> JupyterServer:
+    """``python -m notebook`` (6.5.7) on 127.0.0.1, no token/xsrf, temporary dirs (as for Lab)."""
+    root = root.resolve()
+    root_dir, state = root / "notebooks", root / "state"
+    dirs = {k: state / k for k in ("config", "data", "runtime", "ipython", "xdg")}
+    for d in (root_dir, *dirs.values()):
+        d.mkdir(parents=True, exist_ok=True)
+    write_python3_kernelspec(dirs["data"])
+    env = clean_kernel_env(dirs["xdg"], ipython_dir=dirs["ipython"])
+    env.update(JUPYTER_CONFIG_DIR=os.fspath(dirs["config"]), JUPYTER_DATA_DIR=os.fspath(dirs["data"]),
+               JUPYTER_RUNTIME_DIR=os.fspath(dirs["runtime"]))
+    port = free_port()
+    cmd = [sys.executable, "-m", "notebook", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+           "--port-retries=0", "--allow-root", "--NotebookApp.token=", "--NotebookApp.password=",
+           "--NotebookApp.disable_check_xsrf=True", f"--NotebookApp.notebook_dir={root_dir}",
+           "--NotebookApp.terminals_enabled=False"]
+    log_path = state / "server.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, cwd=root_dir, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    server = JupyterServer(root_dir, state, port, proc, log_path, env)
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"notebook exited with {proc.returncode}:\n{server.log_text()[-4000:]}")
+        try:
+            server.api("GET", "api/status", timeout=2)
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return False
+        return True
+
+    try:
+        wait_until(ready, timeout=timeout, what="classic notebook /api/status")
+    except BaseException:
+        server.stop(keep_log_as="classic-notebook-failed-start.log")
+        raise
+    return server
+
+
+class ClassicNotebook(NotebookUI):
+    """A notebook open in classic Notebook 6: its DOM (``#notebook .cell``) and its JS API."""
+
+    @property
+    def notebook(self) -> Any:
+        return self.page.locator("#notebook-container").first
+
+    def cells(self) -> Any:
+        return self.notebook.locator(".cell")
+
+    def code_cell_prompts(self) -> list[str]:
+        """As Lab shows them (``[*]:``): Notebook 6 writes ``In [*]:``."""
+        texts: list[str] = self.notebook.locator(".code_cell .input_prompt").evaluate_all(
+            "els => els.map(e => e.textContent.replace(/\\u00a0/g, ' ').trim())")
+        return [t.removeprefix("In").strip() for t in texts]
+
+    def output_text(self, index: int) -> str:
+        return str(self.cell(index).locator(".output_wrapper").inner_text())
+
+    def errors(self) -> list[str]:
+        texts: list[str] = self.notebook.locator(".output_error, .output_stderr").evaluate_all(
+            "els => els.map(e => e.textContent)")
+        return [t for t in texts if "Traceback" in t or "Error" in t]
+
+    def wait_kernel_idle(self, timeout: float = 90.0) -> None:
+        # loaded, connected, and the kernel answered kernel_info: an execute sent earlier
+        # can sit queued forever ("In [*]" with an idle kernel) in Notebook 6
+        self.page.wait_for_function(
+            "() => window.Jupyter && Jupyter.notebook && Jupyter.notebook._fully_loaded"
+            " && Jupyter.notebook.kernel && Jupyter.notebook.kernel.is_connected()"
+            " && Jupyter.notebook.kernel.info_reply && Jupyter.notebook.kernel.info_reply.status === 'ok'"
+            " && document.querySelectorAll('#notebook-container .code_cell').length > 0",
+            timeout=timeout * 1000)
+
+        def idle() -> bool:
+            return self.server.kernel_model(self.kernel_id()).get("execution_state") == "idle"
+
+        wait_until(idle, timeout=timeout, what=f"an idle kernel for {self.path}")
+
+    def start_run_all(self) -> list[str]:
+        before = self.code_cell_prompts()
+        self.page.evaluate("() => { Jupyter.notebook.execute_all_cells(); return true; }")
+        return before
+
+
+@pytest.fixture(scope="module")
+def classic_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterServer]:
+    server = _start_classic_server(tmp_path_factory.mktemp("classic"))
+    try:
+        yield server
+    finally:
+        server.stop(keep_log_as="classic-notebook-server.log")
+
+
+@pytest.fixture
+def classic_page(chromium: Any, classic_server: JupyterServer, request: pytest.FixtureRequest,
+                 ) -> Iterator[Any]:
+    from tests.e2e.jupyter import new_page, safe_name
+
+    page = new_page(chromium)
+    console: list[str] = []
+    page.on("console", lambda msg: console.append(f"[{msg.type}] {msg.text}"))
+    page.on("pageerror", lambda exc: console.append(f"[pageerror] {exc}"))
+    opened: list[ClassicNotebook] = []
+
+    def open_cells(cells: Sequence[str]) -> ClassicNotebook:
+        name = f"{safe_name(request.node.name)}-{len(opened)}.ipynb"
+        path = classic_server.write_notebook(name, cells)
+        page.goto(classic_server.url(f"notebooks/{urllib.parse.quote(path)}"), wait_until="domcontentloaded")
+        nb = ClassicNotebook(page, classic_server, path, "notebook")
+        nb.wait_kernel_idle()
+        opened.append(nb)
+        return nb
+
+    try:
+        yield open_cells
+    finally:
+        rep = getattr(request.node, "rep_call", None)
+        if rep is not None and rep.failed:
+            screenshot(page, f"FAILED-classic-{safe_name(request.node.nodeid)}", full_page=True)
+            print("browser console:\n" + "\n".join(console[-60:]))
+            print("--- server log (tail) ---\n" + classic_server.log_text()[-3000:])
+        page.context.close()
+        classic_server.shutdown_all_sessions()
+        saved = Path(classic_server.env["XDG_CONFIG_HOME"]) / "allocconf_widget" / "settings.json"
+        saved.unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------- the tests
+def test_the_stack_is_colabs_widget_generation(classic_page) -> None:
+    nb = classic_page(["import ipywidgets, ipykernel, IPython\n"
+                       "print(ipywidgets.__version__, ipykernel.__version__, IPython.__version__)"])
+    nb.run_all()
+    versions = nb.output_text(0).split()
+    assert versions[0].startswith("7.") and versions[1].startswith("6.") and versions[2].startswith("7.")
+    # the page's widget manager is widgetsnbextension 3 (the classic ipywidgets-7 front end)
+    assert nb.page.evaluate("() => !!(window.require && require.defined"
+                            " && require.defined('nbextensions/jupyter-js-widgets/extension'))")
+
+
+def test_panel_renders_and_slider_apply_reaches_the_kernel(classic_page) -> None:
+    nb = classic_page(["%load_ext allocconf_widget", "import torch\n%allocconf"])
+    nb.run_all(timeout=120)
+    panel = nb.page.locator(".allocconf-panel")
+    panel.wait_for(state="visible", timeout=30_000)
+    row = find_widget(panel, "opt-max-split-size-mb")
+    assert "default (unset)" in row.inner_text()
+    set_toggle(row, "allocconf-set", True)
+    set_slider(row, "allocconf-slider", 1024)
+    wait_for_text(panel, "allocconf-status", re.compile(r"max_split_size_mb:1024"))
+    assert nb.getenv(VAR_BY_TORCH) is None  # editing stages only
+    screenshot(nb.page, "panel-classic-notebook6")
+    click_button(panel, name="apply")
+    nb.wait_for_value(f"os.environ.get({VAR_BY_TORCH!r})", "max_split_size_mb:1024", setup="import os")
+    wait_for_text(panel, "allocconf-result", re.compile(r"Applied"))
+
+
+_SVG_PATH = "() => { const p = document.querySelector('.allocconf-monitor-svg path');" \
+            " return p ? p.getAttribute('d') : null; }"
+
+THREAD_CELL = """\
+import time
+from allocconf_widget.views.widgets.monitor import start_monitor
+mon = start_monitor(demo=True, renderer="svg", interval=0.05)
+display(mon)
+time.sleep(9.5)  # busy: the replay thread updates the chart meanwhile
+print("updates", mon.updates, "renderer", mon.renderer)
+"""
+
+# No GPU here: the sampler's CUDA reads are replaced by a counter that grows with each
+# step (a stand-in for what cannot exist on this machine; everything from the optimizer
+# step hook to the page is the real code path).
+STEP_CELL = """\
+import time, torch
+from allocconf_widget.adapters import probe as probe_mod, torch_private
+state = {"n": 0}
+def _stats(_torch, _device):
+    state["n"] += 1
+    gib = 1 << 30
+    return {"reserved_bytes.all.current": gib * (1 + state["n"] % 7), "allocated_bytes.all.current": gib,
+            "active_bytes.all.current": gib, "requested_bytes.all.current": gib,
+            "inactive_split_bytes.all.current": 0, "num_ooms": 0, "num_alloc_retries": 0}
+torch_private.cuda_built = lambda _t: True
+torch_private.cuda_initialized = lambda _t: True
+torch_private.device_count = lambda _t: 1
+torch_private.load_time_backend = lambda _t: "native"
+torch_private.memory_stats = _stats
+torch_private.trace_free_snapshot = lambda _t: []
+torch_private.mem_get_info = lambda _t, _d: (40 << 30, 80 << 30)
+probe_mod._read_nvml = lambda _i: (None, None, None)
+from allocconf_widget.views.widgets.monitor import start_monitor
+mon = start_monitor(demo=False, renderer="svg", step_sync=True)
+display(mon)
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(45):  # a training loop: each step samples and (at most 2 Hz) redraws, on this thread
+    opt.zero_grad(); model(torch.randn(4, 8)).sum().backward(); opt.step()
+    time.sleep(0.2)
+mon.stop()
+print("steps", mon.source.steps, "updates", mon.updates)
+"""
+
+
+def _chart_states_while_busy(nb: ClassicNotebook) -> list[tuple[float, str | None]]:
+    t0 = time.monotonic()
+    before = nb.start_run_all()
+    seen = nb.sample_while_busy(lambda: (round(time.monotonic() - t0, 2), nb.page.evaluate(_SVG_PATH)),
+                                interval=0.25)
+    nb.wait_until_done(before, timeout=120)
+    return seen
+
+
+def test_monitor_svg_updates_while_the_cell_is_busy_thread_mode(classic_page) -> None:
+    nb = classic_page([THREAD_CELL])
+    seen = _chart_states_while_busy(nb)
+    shapes = {d for _t, d in seen if d}
+    print(json.dumps({"test": "classic-thread", "busy_samples": len(seen), "distinct_shapes": len(shapes)}))
+    assert len(shapes) >= 3, f"the SVG chart was not redrawn while the cell ran: {seen}"
+    assert "Recording:" in widget_text(nb.page, "monitor-header")
+    assert re.search(r"updates \d+ renderer svg", nb.output_text(0))
+
+
+def test_monitor_svg_updates_while_the_cell_is_busy_step_sync_mode(classic_page) -> None:
+    nb = classic_page([STEP_CELL])
+    seen = _chart_states_while_busy(nb)
+    shapes = {d for _t, d in seen if d}
+    print(json.dumps({"test": "classic-step-sync", "busy_samples": len(seen), "distinct_shapes": len(shapes)}))
+    assert len(shapes) >= 3, f"the SVG chart was not redrawn while the training loop ran: {seen}"
+    assert re.search(r"steps 45 updates \d+", nb.output_text(0))
+
+
+def test_whatif_chart_draws(classic_page) -> None:
+    nb = classic_page(["%load_ext allocconf_widget", "import torch\n%allocconf"])
+    nb.run_all(timeout=120)
+    panel = nb.page.locator(".allocconf-panel")
+    panel.wait_for(state="visible", timeout=30_000)
+    panel.locator(".lm-TabBar-tab, .p-TabBar-tab").filter(has_text="What if?").first.click()
+    click_button(panel, name="whatif-run", timeout=20)
+    chart = panel.locator(".allocconf-whatif svg").first
+    chart.wait_for(state="visible", timeout=90_000)
+    assert chart.locator("path, polyline, rect").count() > 0
+    assert panel.locator(".allocconf-whatif-apply:not([disabled])").count() > 0  # ranked rows to apply
+    screenshot(nb.page, "whatif-classic-notebook6")
