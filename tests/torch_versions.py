@@ -1,0 +1,61 @@
+"""What the installed torch has, asked without importing it, for tests that depend on a release.
+
+CI runs the suite on torch 2.13 (CPU build), 1.13.0 and 2.4.1 (PyPI's CUDA builds, on the CPU).
+A test that needs something a release lacks asks here and skips with the reason; everything
+else runs everywhere. The release facts are torch's, from docs/internals/allocator_facts.md,
+written out here independently of the package's schema so the tests can check that schema.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+
+def _installed() -> tuple[int, int] | None:
+    try:
+        text = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    match = re.match(r"(\d+)\.(\d+)", text)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+TORCH = _installed()
+"""(major, minor) of the installed torch, or None."""
+TORCH_TEXT = f"{TORCH[0]}.{TORCH[1]}" if TORCH else "none"
+
+READ_VAR = "PYTORCH_ALLOC_CONF" if TORCH is None or TORCH >= (2, 10) else "PYTORCH_CUDA_ALLOC_CONF"
+"""The variable this torch reads (and the package writes): the generic name from 2.10."""
+
+HAS_EXPANDABLE = TORCH is None or TORCH >= (2, 1)
+# An option that takes a simple value on every modelled release, for tests of the magic,
+# the panel and the lifecycle: expandable_segments (2.1+), else max_split_size_mb.
+OPT_NAME = "expandable_segments" if HAS_EXPANDABLE else "max_split_size_mb"
+OPT_VALUE = "True" if HAS_EXPANDABLE else "512"
+OPT = f"{OPT_NAME}:{OPT_VALUE}"
+"""The option as torch writes it, e.g. ``expandable_segments:True``."""
+OPT_SET = f"{OPT_NAME}={OPT_VALUE}"
+"""The same in the magic's ``key=value`` form."""
+
+
+def needs_torch(version: tuple[int, int], what: str) -> pytest.MarkDecorator:
+    """Skip when the installed torch is older than ``version``, saying what it lacks."""
+    return pytest.mark.skipif(
+        TORCH is not None and version > TORCH,
+        reason=f"torch {TORCH_TEXT} lacks {what} (torch {version[0]}.{version[1]}+)",
+    )
+
+
+def cuda_build() -> bool:
+    """Whether the installed torch is a CUDA build (read from its version.py, not imported)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return False
+    text = (Path(spec.origin).parent / "version.py").read_text(encoding="utf-8", errors="replace")
+    match = re.search(r"^cuda\s*(?::[^=]*)?=\s*(.+)$", text, re.MULTILINE)
+    return bool(match) and match.group(1).strip() != "None"
