@@ -59,3 +59,7 @@ def cuda_build() -> bool:
     text = (Path(spec.origin).parent / "version.py").read_text(encoding="utf-8", errors="replace")
     match = re.search(r"^cuda\s*(?::[^=]*)?=\s*(.+)$", text, re.MULTILINE)
     return bool(match) and match.group(1).strip() != "None"
+
+TWO_OPTS = ("expandable_segments:True,max_split_size_mb:512" if HAS_EXPANDABLE
+            else "max_split_size_mb:512,roundup_power2_divisions:4")
+"""Two options in torch's canonical (sorted) order, both taken by the installed release."""

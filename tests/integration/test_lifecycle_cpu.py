@@ -21,6 +21,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+from tests.torch_versions import OPT, READ_VAR, TORCH, TORCH_TEXT, TWO_OPTS, cuda_build  # noqa: E402
+
 
 def run_fresh(code: str, env: dict[str, str] | None = None) -> dict:
     base = {k: v for k, v in os.environ.items() if "ALLOC_CONF" not in k}
@@ -33,41 +35,41 @@ def run_fresh(code: str, env: dict[str, str] | None = None) -> dict:
 
 
 def test_looking_never_imports_torch():
-    out = run_fresh("""
+    out = run_fresh(f"""
         import sys
         from allocconf_widget.adapters.runtime_state import detect_state
         from allocconf_widget.adapters.apply import preview
         s = detect_state()
-        preview("expandable_segments:True", s)
-        out = {"phase": s.phase.name, "torch_loaded": "torch" in sys.modules}
+        preview({OPT!r}, s)
+        out = {{"phase": s.phase.name, "torch_loaded": "torch" in sys.modules}}
     """)
     assert out == {"phase": "NOT_IMPORTED", "torch_loaded": False}
 
 
 def test_before_import_apply_writes_the_variable_torch_will_read():
-    out = run_fresh("""
+    out = run_fresh(f"""
         import os
         from allocconf_widget.adapters.apply import apply
-        r = apply("expandable_segments:True,max_split_size_mb:512")
+        r = apply({TWO_OPTS!r})
         import torch  # the setting must be in place before this
-        out = {"plan": [p.action.name for p in r.plan], "var": r.variable,
-               "env": os.environ.get(r.variable), "setter": r.setter_called}
+        out = {{"plan": [p.action.name for p in r.plan], "var": r.variable,
+               "env": os.environ.get(r.variable), "setter": r.setter_called}}
     """)
-    assert out["var"] == "PYTORCH_ALLOC_CONF"  # torch 2.13
-    assert out["env"] == "expandable_segments:True,max_split_size_mb:512"
+    assert out["var"] == READ_VAR  # the variable this torch reads
+    assert out["env"] == TWO_OPTS
     assert out["plan"] == ["AT_FIRST_CUDA_USE", "AT_FIRST_CUDA_USE"]
     assert out["setter"] is None
 
 
 def test_existing_winning_variable_is_reused_not_shadowed():
-    out = run_fresh("""
+    out = run_fresh(f"""
         import os
         from allocconf_widget.adapters.apply import apply
-        r = apply("expandable_segments:True")
-        out = {"var": r.variable, "cuda": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
-               "alloc": os.environ.get("PYTORCH_ALLOC_CONF")}
+        r = apply({OPT!r})
+        out = {{"var": r.variable, "cuda": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+               "alloc": os.environ.get("PYTORCH_ALLOC_CONF")}}
     """, env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:256"})
-    assert out == {"var": "PYTORCH_CUDA_ALLOC_CONF", "cuda": "expandable_segments:True", "alloc": None}
+    assert out == {"var": "PYTORCH_CUDA_ALLOC_CONF", "cuda": OPT, "alloc": None}
 
 
 def test_invalid_input_changes_nothing():
@@ -82,13 +84,18 @@ def test_invalid_input_changes_nothing():
         except AllocConfError:
             raised = True
         import torch
+        getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)  # torch 2.10+
         out = {"raised": raised, "env_same": dict(os.environ) == before,
-               "torch_holds": torch._C._accelerator_getAllocatorSettings()}
-    """, env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+               "torch_holds": getter() if getter else None}
+    """, env={"PYTORCH_CUDA_ALLOC_CONF": OPT})
     # torch still holds the variable's value: the rejected string never reached it
-    assert out == {"raised": True, "env_same": True, "torch_holds": "expandable_segments:True"}
+    # (older torch has no getter to ask; the environment is then the whole evidence)
+    holds = OPT if TORCH is None or TORCH >= (2, 10) else None
+    assert out == {"raised": True, "env_same": True, "torch_holds": holds}
 
 
+@pytest.mark.skipif(cuda_build(), reason=f"torch {TORCH_TEXT} here is a CUDA build (PyPI's): "
+                    "no CPU build of it to report as one")
 def test_cpu_build_is_reported_as_no_cuda_and_stays_usable():
     out = run_fresh("""
         import torch
@@ -108,6 +115,9 @@ def test_reset_to_defaults_removes_every_read_variable():
         from allocconf_widget.adapters.apply import apply
         apply("")
         out = {k: os.environ.get(k) for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
-    """, env={"PYTORCH_CUDA_ALLOC_CONF": "", "PYTORCH_ALLOC_CONF": "expandable_segments:True"})
-    # an empty variable would still count as set; both are gone so torch uses its defaults
-    assert out == {"PYTORCH_CUDA_ALLOC_CONF": None, "PYTORCH_ALLOC_CONF": None}
+    """, env={"PYTORCH_CUDA_ALLOC_CONF": "", "PYTORCH_ALLOC_CONF": OPT})
+    # an empty variable would still count as set; every variable this torch reads is gone,
+    # so it uses its defaults (before 2.10 torch reads only the CUDA name)
+    assert out["PYTORCH_CUDA_ALLOC_CONF"] is None
+    if READ_VAR == "PYTORCH_ALLOC_CONF":
+        assert out["PYTORCH_ALLOC_CONF"] is None
