@@ -16,6 +16,7 @@ pytest.importorskip("ipywidgets")
 
 from allocconf_widget.app.session import Session
 from allocconf_widget.views.widgets.panel import Panel
+from tests.torch_versions import OPT, OPT_NAME, READ_VAR
 
 
 def test_panel_edit_validate_apply():
@@ -25,11 +26,11 @@ def test_panel_edit_validate_apply():
     row.editor.children[1].value = "8"  # the exact-number box: torch needs at least 20
     assert "too small" in panel.status.value
     assert panel.apply_button.disabled
-    assert "PYTORCH_ALLOC_CONF" not in os.environ
+    assert READ_VAR not in os.environ
     row.editor.children[1].value = "1024"
     assert "max_split_size_mb:1024" in panel.status.value and not panel.apply_button.disabled
     panel._apply_clicked(None)
-    assert os.environ["PYTORCH_ALLOC_CONF"] == "max_split_size_mb:1024"
+    assert os.environ[READ_VAR] == "max_split_size_mb:1024"
     assert "Applied" in panel.result.value
     panel.close()
 
@@ -74,10 +75,13 @@ def test_panel_roundup_editor_both_forms():
 
 def test_snippet_button_shows_copyable_lines():
     panel = Panel(Session())
-    panel._rows["expandable_segments"].enabled.value = True
+    row = panel._rows[OPT_NAME]
+    row.enabled.value = True
+    row.show(OPT.split(":")[1])
+    panel._edited(OPT_NAME, row.value())
     panel._snippet_clicked(None)
-    assert "%env PYTORCH_ALLOC_CONF=expandable_segments:True" in panel.snippet_area.value
-    assert "export PYTORCH_ALLOC_CONF='expandable_segments:True'" in panel.snippet_area.value
+    assert f"%env {READ_VAR}={OPT}" in panel.snippet_area.value
+    assert f"export {READ_VAR}='{OPT}'" in panel.snippet_area.value
     panel.close()
 
 
@@ -90,7 +94,10 @@ def test_whatif_tab_on_the_bundled_recording():
     assert "<svg" in view.charts.children[0].value
     assert len(view.rows.children) == len(result.candidates)
     view.apply("expandable_segments:True")
-    assert os.environ["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
+    if OPT_NAME == "expandable_segments":
+        assert os.environ[READ_VAR] == "expandable_segments:True"
+    else:  # torch 1.13 has no expandable segments: the row is refused with the reason, nothing written
+        assert READ_VAR not in os.environ and "needs torch 2.1" in view.result.value
 
 
 def test_monitor_demo_replay_with_svg():
