@@ -263,7 +263,7 @@ def test_cell_hooks_mark_runs_and_ooms_and_go_away_on_stop(comms):
     view = MonitorView(sampler, renderer="svg", frontend=Frontend.JUPYTER, shell=shell).start()
     try:
         shell.run_cell("x = 1")
-        shell.user_ns["_oom"] = torch.OutOfMemoryError(
+        shell.user_ns["_oom"] = _oom_error(torch)(
             "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 139.80 GiB")
         shell.run_cell("raise _oom")
         markers = sampler.timeline.markers()
@@ -402,3 +402,8 @@ def test_close_closes_only_the_monitors_own_widgets(comms):
     assert bystander.comm is not None
     with pytest.raises(RuntimeError, match="closed"):
         view.start()
+
+
+def _oom_error(torch):
+    """The error torch raises on out-of-memory: torch.OutOfMemoryError (2.4+), torch.cuda's before."""
+    return getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError

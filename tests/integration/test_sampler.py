@@ -209,10 +209,16 @@ def _train(steps: int, optimizer_cls=torch.optim.SGD) -> None:
         opt.step()
 
 
+needs_step_hook = pytest.mark.skipif(
+    not hasattr(sys.modules["torch.optim.optimizer"], "register_optimizer_step_post_hook"),
+    reason=f"torch {torch.__version__} has no global optimizer step hook (torch 2.0+)")
+
+
 def _torch_global_hooks() -> int:
     return len(sys.modules["torch.optim.optimizer"]._global_optimizer_post_hooks)
 
 
+@needs_step_hook
 def test_step_hook_fires_on_a_real_sgd_step_and_is_removed_on_stop():
     hooks_before = _torch_global_hooks()
     sampler = Sampler(step_sync=True).start()
@@ -229,6 +235,7 @@ def test_step_hook_fires_on_a_real_sgd_step_and_is_removed_on_stop():
     assert sampler.steps == 5
 
 
+@needs_step_hook
 def test_stopping_from_another_thread_during_training_never_breaks_a_step():
     """A Stop button runs on a widget thread while the loop runs: torch's hook dict must not change."""
     hooks_before = _torch_global_hooks()
@@ -248,6 +255,7 @@ def test_stopping_from_another_thread_during_training_never_breaks_a_step():
     assert _torch_global_hooks() == hooks_before
 
 
+@needs_step_hook
 def test_step_mode_plots_against_the_step_number(fake_cuda):
     sampler = Sampler(step_sync=True, step_budget=1.0).start()
     try:
@@ -261,6 +269,7 @@ def test_step_mode_plots_against_the_step_number(fake_cuda):
     assert sampler.timeline.devices == [0, 1]
 
 
+@needs_step_hook
 def test_step_mode_skips_steps_to_stay_within_its_budget(fake_cuda):
     sampler = Sampler(step_sync=True, step_budget=1e-6).start()
     try:
@@ -272,6 +281,7 @@ def test_step_mode_skips_steps_to_stay_within_its_budget(fake_cuda):
     assert sampler.timeline.samples(0) < 64
 
 
+@needs_step_hook
 def test_keyboard_interrupt_inside_the_step_hook_reaches_the_user_and_leaves_it_usable(fake_cuda):
     sampler = Sampler(step_sync=True, step_budget=1.0).start()
     fired = {"n": 0}

@@ -227,6 +227,8 @@ def _pct_near(printed: float | None, ours: float | None) -> bool:
 
 def _assert_agrees_with_segsum(segments: list[Any]) -> None:
     memory_viz = pytest.importorskip("torch.cuda._memory_viz")
+    if not hasattr(memory_viz, "segsum"):
+        pytest.skip("this torch's _memory_viz has no segsum (1.13 has none): no oracle to compare with")
     printed = _parse_segsum(memory_viz.segsum({"segments": segments}))
     ours = segment_metrics(segments)
     assert printed["segments"] == ours.segment_count
