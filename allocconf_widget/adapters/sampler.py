@@ -380,7 +380,7 @@ class Sampler:
         return self.probe.clock() - self.probe.t0
 
     # ------------------------------------------------------------- reporting
-    def overhead(self) -> dict[str, float | int | None]:
+    def overhead(self) -> dict[str, float | int | str | None]:
         """What sampling cost so far: per-sample time, snapshot count/cost/duty, step stride."""
         with self._lock:
             elapsed = self._ran_s + (

@@ -297,7 +297,8 @@ def test_monitor_svg_updates_while_the_cell_is_busy_step_sync_mode(classic_page)
     nb = classic_page([STEP_CELL])
     seen = _chart_states_while_busy(nb)
     shapes = {d for _t, d in seen if d}
-    print(json.dumps({"test": "classic-step-sync", "busy_samples": len(seen), "distinct_shapes": len(shapes)}))
+    print(json.dumps({"test": "classic-step-sync", "busy_samples": len(seen),
+                      "distinct_shapes": len(shapes)}))
     assert len(shapes) >= 3, f"the SVG chart was not redrawn while the training loop ran: {seen}"
     assert re.search(r"steps 45 updates \d+", nb.output_text(0))
 

@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.torch_versions import OPT, READ_VAR, TORCH, TORCH_TEXT, TWO_OPTS, cuda_build  # noqa: E402
+from tests.torch_versions import OPT, READ_VAR, TORCH, TORCH_TEXT, TWO_OPTS, cuda_build
 
 
 def run_fresh(code: str, env: dict[str, str] | None = None) -> dict:

@@ -224,8 +224,9 @@ def test_unload_removes_the_magic(ip):
 
 
 def test_set_before_import_torch_just_works_in_a_fresh_interpreter(tmp_path):
-    second, canonical = ((OPT_SET, f"{OPT},max_split_size_mb:256") if OPT_NAME != "max_split_size_mb"
-                         else ("roundup_power2_divisions=4", "max_split_size_mb:256,roundup_power2_divisions:4"))
+    second, canonical = (
+        (OPT_SET, f"{OPT},max_split_size_mb:256") if OPT_NAME != "max_split_size_mb"
+        else ("roundup_power2_divisions=4", "max_split_size_mb:256,roundup_power2_divisions:4"))
     code = textwrap.dedent(f"""
         from IPython.testing.globalipapp import start_ipython
         ip = start_ipython()

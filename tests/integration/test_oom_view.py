@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.torch_versions import OPT
-
 from allocconf_widget.views.widgets.oom import (
     ObservedOom,
     OomPanel,
@@ -20,6 +18,7 @@ from allocconf_widget.views.widgets.oom import (
     report_text,
     uninstall_oom_assistant,
 )
+from tests.torch_versions import OPT
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
 

@@ -317,7 +317,7 @@ def test_thread_mode_counts_steps_too():
 def test_step_sync_mode_on_a_torch_without_the_global_hook_refuses_with_the_reason():
     if hasattr(sys.modules["torch.optim.optimizer"], "register_optimizer_step_post_hook"):
         pytest.skip(f"torch {torch.__version__} has the global step hook (2.0+)")
-    with pytest.raises(RuntimeError, match="needs torch >= 2.0"):
+    with pytest.raises(RuntimeError, match=r"needs torch >= 2\.0"):
         Sampler(step_sync=True).start()
 
 
