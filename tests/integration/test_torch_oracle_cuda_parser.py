@@ -1,8 +1,9 @@
 """Differential test against an older release's own CUDA parser (torch 1.13 to 2.9).
 
 Before 2.10 one CUDA parser handled every key (docs/internals/allocator_facts.md §3), and
-PyPI's builds of those releases are CUDA builds: ``torch._C._cuda_cudaCachingAllocator_set_allocator_settings``
-parses a string on a machine without a GPU, without initialising CUDA. CI's torch 1.13.0 and
+PyPI's builds of those releases are CUDA builds:
+``torch._C._cuda_cudaCachingAllocator_set_allocator_settings`` parses a string on a machine
+without a GPU, without initialising CUDA. CI's torch 1.13.0 and
 2.4.1 cells run this; on 2.10+ (the generic parser) ``test_torch_oracle.py`` does the same job,
 and on a CPU build of an older torch there is no such parser and this module skips.
 
