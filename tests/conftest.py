@@ -8,7 +8,8 @@
   or any thread whose name starts with ``allocconf``, fails at teardown (the idea of
   tqdm's ``tqdm._instances`` check). Opt out with ``@pytest.mark.allow_thread_leak``.
 * Tests using the real-kernel or browser fixtures are marked ``kernel`` / ``browser``
-  automatically (the test modules also say so explicitly).
+  automatically (the test modules also say so explicitly); those on the JupyterLab 4 /
+  Notebook 7 server also ``jupyterlab`` (CI's Colab cell, on classic Notebook 6, leaves them out).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ THREAD_GRACE_S = 1.0
 
 _KERNEL_FIXTURES = {"kernel", "kernel_factory"}
 _BROWSER_FIXTURES = {"browser_page", "chromium", "notebook_page"}
+_LAB_FIXTURES = {"jupyter_server", "browser_page", "notebook_page"}  # the JupyterLab 4 server
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -43,6 +45,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.kernel)
         if names & _BROWSER_FIXTURES and not item.get_closest_marker("browser"):
             item.add_marker(pytest.mark.browser)
+        if names & _LAB_FIXTURES:
+            item.add_marker(pytest.mark.jupyterlab)
 
 
 @pytest.fixture
