@@ -47,6 +47,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.browser)
         if names & _LAB_FIXTURES:
             item.add_marker(pytest.mark.jupyterlab)
+        _mark_not_yet_version_aware(item)
+
+
+def _mark_not_yet_version_aware(item: pytest.Item) -> None:
+    """xfail (not strict) the tests listed in tests/torch_versions.py on releases they don't fit."""
+    import importlib.metadata
+
+    from tests.torch_versions import IPYTHON_8_ONLY, NOT_YET_VERSION_AWARE, TORCH, TORCH_TEXT
+
+    for prefix, (version, reason) in NOT_YET_VERSION_AWARE.items():
+        if item.nodeid.startswith(prefix) and TORCH is not None and version > TORCH:
+            item.add_marker(pytest.mark.xfail(
+                reason=f"not yet written for torch {TORCH_TEXT}: {reason}", strict=False))
+    try:
+        ipython_major = int(importlib.metadata.version("ipython").split(".")[0])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return
+    for prefix, reason in IPYTHON_8_ONLY.items():
+        if item.nodeid.startswith(prefix) and ipython_major < 8:
+            item.add_marker(pytest.mark.xfail(reason=f"IPython {ipython_major}: {reason}", strict=False))
 
 
 @pytest.fixture
