@@ -124,8 +124,9 @@ def test_demo_replay_renders_the_recording_and_says_it_is_one(comms):
     assert "replay finished" in view.status.value
     assert f"{len(load_demo().samples)} samples" in view.status.value
     # what the browser saw changed over the replay (several distinct chart states)
+    # (the idle start is skipped, so the replay is short: a few redraws at <= 2 Hz)
     values = {state["value"] for _t, name, state in _messages(comms, view.chart.widget) if name == "value"}
-    assert len(values) >= 4
+    assert len(values) >= 3
 
 
 def test_start_monitor_without_a_gpu_replays_the_bundled_recording(comms, monkeypatch):
