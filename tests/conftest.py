@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -50,19 +51,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         _mark_not_yet_version_aware(item)
 
 
-def _mark_not_yet_version_aware(item: pytest.Item) -> None:
-    """xfail (not strict) the tests listed in tests/torch_versions.py on releases they don't fit."""
+@functools.cache
+def _ipython_major() -> int | None:
     import importlib.metadata
 
+    try:
+        return int(importlib.metadata.version("ipython").split(".")[0])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return None
+
+
+def _mark_not_yet_version_aware(item: pytest.Item) -> None:
+    """xfail (not strict) the tests listed in tests/torch_versions.py on releases they don't fit."""
     from tests.torch_versions import IPYTHON_8_ONLY, NOT_YET_VERSION_AWARE, TORCH, TORCH_TEXT
 
     for prefix, (version, reason) in NOT_YET_VERSION_AWARE.items():
         if item.nodeid.startswith(prefix) and TORCH is not None and version > TORCH:
             item.add_marker(pytest.mark.xfail(
                 reason=f"not yet written for torch {TORCH_TEXT}: {reason}", strict=False))
-    try:
-        ipython_major = int(importlib.metadata.version("ipython").split(".")[0])
-    except (importlib.metadata.PackageNotFoundError, ValueError):
+    ipython_major = _ipython_major()
+    if ipython_major is None:
         return
     for prefix, reason in IPYTHON_8_ONLY.items():
         if item.nodeid.startswith(prefix) and ipython_major < 8:
