@@ -120,12 +120,14 @@ class FlightOomView:
         self.download_button.on_click(lambda _b: self.open_viewer(html=False))
         self.viewer_status = W.HTML()
         self.viewer_status.add_class("allocconf-flight-viewer-status")
-        self.links = W.Output()
+        # Made when there are links to show, not with the view: classic Notebook 6's ipywidgets-7
+        # manager cannot create an Output model, and one in the tree kept the view from rendering.
+        self.links: Any = None
         # The answer first: the verdict and its Apply button sit right under the breakdown.
         self.widget = W.VBox([
             self.header, self.breakdown, self.verdict, W.HBox([self.apply_button, self.result]),
             self.sites, self.segments,
-            W.HBox([self.viewer_button, self.download_button]), self.viewer_status, self.links,
+            W.HBox([self.viewer_button, self.download_button]), self.viewer_status,
         ])
         self.widget.add_class("allocconf-flight")
         if analysis.verdict is not None or analysis.verdict_error:
@@ -192,6 +194,11 @@ class FlightOomView:
             return
         targets = [files.html] if html and files.html is not None else []
         targets.append(files.pickle)
+        if self.links is None:
+            import ipywidgets as W
+
+            self.links = W.Output()
+            self.widget.children = (*self.widget.children, self.links)
         self.links.clear_output()
         with self.links:
             for path in targets:

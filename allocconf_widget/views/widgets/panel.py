@@ -57,9 +57,12 @@ class Panel:
         self._copy_id = uuid.uuid4().hex[:12]
         self.snippet_note = W.HTML()
         self.snippet_note.add_class("allocconf-snippet-note")
-        # where the copy script runs: front ends that render JavaScript outputs (JupyterLab,
-        # Notebook 7, Colab) execute it; elsewhere nothing happens and the text area remains
-        self._clipboard = W.Output(layout=W.Layout(display="none"))
+        # Where the copy script runs: front ends that render JavaScript outputs (JupyterLab,
+        # Notebook 7, Colab) execute it; elsewhere nothing happens and the text area remains.
+        # Made on the first Copy click, not with the panel: classic Notebook 6's ipywidgets-7
+        # manager cannot create an Output model, and one in the tree kept the whole panel
+        # from rendering there (docs/verification.md).
+        self._clipboard: Any = None
         self.result = W.HTML()
         self.result.add_class("allocconf-result")
         self.apply_button.on_click(self._apply_clicked)
@@ -77,11 +80,11 @@ class Panel:
             W.HBox([self.apply_button, self.restart_button, self.snippet_button]),
             self.snippet_note,
             self.snippet_area,
-            self._clipboard,
             self.result,
             FlightToggle().widget,
             groups,
         ])
+        self._settings_box = settings
         self.tabs = W.Tab(children=[settings, W.VBox(), W.VBox()])
         for index, title in enumerate(_TAB_TITLES):
             self.tabs.set_title(index, title)
@@ -159,6 +162,13 @@ class Panel:
         The output bundle is written as is, not through the shell's display formatter:
         a shell whose formatter leaves JavaScript out would otherwise send nothing to run.
         """
+        if self._clipboard is None:
+            import ipywidgets as W
+
+            self._clipboard = W.Output(layout=W.Layout(display="none"))
+            children = list(self._settings_box.children)
+            children.insert(children.index(self.snippet_area) + 1, self._clipboard)
+            self._settings_box.children = tuple(children)
         self._clipboard.outputs = ({
             "output_type": "display_data",
             "data": {"application/javascript": copy_script(text, self._copy_id),
