@@ -98,7 +98,7 @@ NOT_YET_VERSION_AWARE: dict[str, tuple[tuple[int, int], str]] = {
 IPYTHON_8_ONLY: dict[str, str] = {
     "tests/integration/test_magic.py::test_tab_completes_subcommands_options_and_values_in_a_real_shell": (
         "IPython 7.34's completer does not offer %allocconf's words (Colab runs 7.34): open"),
-    "tests/integration/test_kernel_restart.py::test_tab_completion_through_the_kernel_offers_only_our_words": (
+    "tests/integration/test_kernel_restart.py::test_tab_completion_through_the_kernel_offers_only_our": (
         "IPython 7.34's completer does not offer %allocconf's words (Colab runs 7.34): open"),
     "tests/integration/test_flight_magic.py::test_on_before_torch_arms_without_importing_it": (
         "IPython 7.34's test shell writes terminal-title escapes into the captured output"),
