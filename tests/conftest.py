@@ -46,7 +46,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.kernel)
         if names & _BROWSER_FIXTURES and not item.get_closest_marker("browser"):
             item.add_marker(pytest.mark.browser)
-        if names & _LAB_FIXTURES:
+        # every browser module but the classic-notebook one drives JupyterLab 4 / Notebook 7
+        # (some through servers of their own, so the fixture names alone would miss them)
+        lab_module = item.nodeid.startswith("tests/e2e/") and not item.nodeid.startswith(
+            "tests/e2e/test_classic_notebook.py")
+        if names & _LAB_FIXTURES or lab_module:
             item.add_marker(pytest.mark.jupyterlab)
         _mark_not_yet_version_aware(item)
 
