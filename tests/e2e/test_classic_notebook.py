@@ -223,9 +223,13 @@ def test_core_widgets_render_and_sync_on_the_ipywidgets_7_front_end(classic_page
 
 def test_the_stack_is_colabs_widget_generation(classic_page) -> None:
     nb = classic_page(["import ipywidgets, ipykernel, IPython\n"
-                       "print(ipywidgets.__version__, ipykernel.__version__, IPython.__version__)"])
+                       "print('VERSIONS', ipywidgets.__version__, ipykernel.__version__,\n"
+                       "      IPython.__version__)"])
     nb.run_all()
-    versions = nb.output_text(0).split()
+    # the output can hold more than the line (it failed once in a full run): find the line
+    line = wait_until(lambda: re.search(r"VERSIONS (\S+) (\S+) (\S+)", nb.output_text(0)), timeout=30,
+                      what="the versions line")
+    versions = line.groups()
     assert versions[0].startswith("7.") and versions[1].startswith("6.") and versions[2].startswith("7.")
     # the page's widget manager is widgetsnbextension 3 (the classic ipywidgets-7 front end)
     assert nb.page.evaluate("() => !!(window.require && require.defined"
