@@ -302,8 +302,15 @@ def add_oom_listener(torch: ModuleType, listener: Any) -> bool:
     (docs/internals/allocator_facts.md §9), so this does nothing (returns False) until the program
     has initialised CUDA itself.
     """
+    if not cuda_initialized(torch):
+        return False
+    return _attach_listener(torch, listener)
+
+
+def _attach_listener(torch: ModuleType, listener: Any) -> bool:
+    """Attach the one trampoline (once per process) and add ``listener`` to its list."""
     attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
-    if attach is None or not cuda_initialized(torch):
+    if attach is None:
         return False
     if not _oom_state["attached"]:
         attach(_oom_trampoline)
@@ -365,15 +372,7 @@ def attach_oom_listener_during_init(torch: ModuleType, listener: Any) -> bool:
     driver is up (``_cuda_init`` ran), so the check of :func:`add_oom_listener` is
     skipped here; attaching then initialises nothing that is not initialised.
     """
-    attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
-    if attach is None:
-        return False
-    if not _oom_state["attached"]:
-        attach(_oom_trampoline)
-        _oom_state["attached"] = True
-    if listener not in _oom_listeners:
-        _oom_listeners.append(listener)
-    return True
+    return _attach_listener(torch, listener)
 
 
 def snapshot_at_oom(torch: ModuleType) -> dict[str, Any]:
