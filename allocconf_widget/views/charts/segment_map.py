@@ -12,19 +12,18 @@ Pure Python (no plotly): :mod:`allocconf_widget.views.charts.figures` turns it i
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
 from allocconf_widget.core.memory.metrics import pool_label
+from allocconf_widget.core.memory.sites import frame_site
 from allocconf_widget.core.memory.snapshot import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, INACTIVE
 from allocconf_widget.core.units import format_bytes
 from allocconf_widget.views.charts.style import STATE_COLORS, STATE_LABELS
 
 STATES = (ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, INACTIVE)
-_TORCH_DIR = f"{os.sep}torch{os.sep}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,11 +68,6 @@ class SegmentMap:
 # ----------------------------------------------------------------- frames
 
 
-def _short_path(filename: str) -> str:
-    parts = filename.replace("\\", "/").split("/")
-    return "/".join(parts[-2:])
-
-
 def _frames_of(block: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     frames = block.get("frames")
     if frames:
@@ -84,15 +78,8 @@ def _frames_of(block: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return []
 
 
-def allocation_site(frames: Sequence[Mapping[str, Any]]) -> str | None:
-    """``file.py:line name`` of the first frame outside torch itself (else the innermost)."""
-    usable = [f for f in frames if f.get("filename") and f.get("filename") != "??"]
-    if not usable:
-        return None
-    chosen = next((f for f in usable if _TORCH_DIR not in str(f["filename"])
-                   and not str(f["filename"]).startswith("<")), usable[0])
-    where = f"{_short_path(str(chosen['filename']))}:{chosen.get('line', '?')}"
-    return f"{where} {chosen.get('name', '')}".strip()
+#: The site of an allocation: the first frame outside torch (one rule for the map and the OOM view).
+allocation_site = frame_site
 
 
 # ----------------------------------------------------------------- runs and bins
