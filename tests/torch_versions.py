@@ -41,6 +41,8 @@ OPT = f"{OPT_NAME}:{OPT_VALUE}"
 """The option as torch writes it, e.g. ``expandable_segments:True``."""
 OPT_SET = f"{OPT_NAME}={OPT_VALUE}"
 """The same in the magic's ``key=value`` form."""
+OPT_VALUES = ["True", "False", "default"] if HAS_EXPANDABLE else ["default"]
+"""What tab completion offers after ``OPT_NAME=``."""
 
 
 def needs_torch(version: tuple[int, int], what: str) -> pytest.MarkDecorator:
@@ -81,13 +83,6 @@ NOT_YET_VERSION_AWARE: dict[str, tuple[tuple[int, int], str]] = {
         (2, 4), "it raises torch.OutOfMemoryError (torch 2.4+; torch.cuda.OutOfMemoryError before)"),
     "tests/integration/test_flight_view.py::test_open_in_pytorchs_viewer_writes_the_page_and_the_pickle": (
         (2, 1), "torch 1.13's _memory_viz cannot make the viewer page"),
-    "tests/integration/test_magic.py::test_tab_completes_subcommands_options_and_values_in_a_real_shell": (
-        (2, 1), "added on main after this suite was made version-aware: completes expandable_segments"),
-    "tests/integration/test_magic.py::test_a_pasted_variable_assignment_is_staged_as_its_value": (
-        (2, 1), "added on main after this suite was made version-aware: pastes expandable_segments"),
-    "tests/integration/test_kernel_restart.py": (
-        (2, 10), "rewritten on main after this suite was made version-aware: it sets expandable_segments "
-                 "(2.1+) and reads PYTORCH_ALLOC_CONF (2.10+); redo"),
     "tests/integration/test_broken_environment.py": (
         (2, 10), "on PyPI's CUDA builds, run inside the full CI cell, the fresh interpreter finds the "
                  "variable unset after %allocconf set; passes when run alone: not explained yet"),
@@ -96,12 +91,33 @@ NOT_YET_VERSION_AWARE: dict[str, tuple[tuple[int, int], str]] = {
                  "variable unset after %allocconf set; passes when run alone: not explained yet"),
 }
 IPYTHON_8_ONLY: dict[str, str] = {
-    "tests/integration/test_magic.py::test_tab_completes_subcommands_options_and_values_in_a_real_shell": (
-        "IPython 7.34's completer does not offer %allocconf's words (Colab runs 7.34): open"),
-    "tests/integration/test_kernel_restart.py::test_tab_completion_through_the_kernel_offers_only_our": (
-        "IPython 7.34's completer does not offer %allocconf's words (Colab runs 7.34): open"),
     "tests/integration/test_flight_magic.py::test_on_before_torch_arms_without_importing_it": (
         "IPython 7.34's test shell writes terminal-title escapes into the captured output"),
     "tests/integration/test_settings_rows.py::test_copy_snippet_sends_the_copy_script": (
         "under IPython 7.34 the copy script's display data has no application/javascript: open"),
 }
+
+
+def _ipython_version() -> tuple[int, int]:
+    try:
+        text = importlib.metadata.version("ipython")
+    except importlib.metadata.PackageNotFoundError:
+        return (0, 0)
+    match = re.match(r"(\d+)\.(\d+)", text)
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+
+
+IPYTHON = _ipython_version()
+"""(major, minor) of the installed IPython."""
+COMPLETION_IS_OURS_ALONE = IPYTHON >= (8, 6)
+"""IPython 8.6+ lets a matcher suppress the others, so a ``%allocconf`` line offers only our words.
+Older IPython (Colab's 7.34) runs jedi first: where the word being completed is empty (after a
+space or ``=``) jedi's Python names come first and ours are among them (duplicates such as
+``True`` shown once)."""
+
+
+def offered(got: list[str], ours: list[str]) -> bool:
+    """Whether a completion list offers ``ours`` the way this IPython can (see above)."""
+    if COMPLETION_IS_OURS_ALONE:
+        return got == ours
+    return set(ours) <= set(got)

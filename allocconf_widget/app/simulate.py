@@ -135,7 +135,8 @@ def _release(version: Any) -> TorchVersion | None:
 
 def what_if(source: TraceSource, *, extra_confs: list[str] | tuple[str, ...] = (),
             fraction: float | None = None, current_conf: str | None = None,
-            trace: Any = None, progress: Callable[[int, int], None] | None = None) -> WhatIfReport:
+            trace: Any = None, progress: Callable[[int, int], None] | None = None,
+            offer_release: TorchVersion | None = None) -> WhatIfReport:
     """Replay ``source`` under the candidate grid (plus ``extra_confs``) and rank the results.
 
     ``current_conf`` is the configuration the caller runs now (the What if? tab passes
@@ -143,7 +144,9 @@ def what_if(source: TraceSource, *, extra_confs: list[str] | tuple[str, ...] = (
     compared with, and the recording's own settings get a row of their own (the model
     self-check still replays those). Without it, the recording's settings are "current".
     ``trace`` is ``source``'s already-decoded trace, if the caller has it (see
-    :class:`TraceCache`); ``progress(done, total)`` follows the replays.
+    :class:`TraceCache`); ``progress(done, total)`` follows the replays. ``offer_release`` is
+    the torch the rows would be applied to (the kernel's): settings it does not take are not
+    offered.
 
     Raises:
         SnapshotError: the snapshot has no usable trace.
@@ -171,7 +174,8 @@ def what_if(source: TraceSource, *, extra_confs: list[str] | tuple[str, ...] = (
                            current_conf=(settings or {}).get("PYTORCH_CUDA_ALLOC_CONF"),
                            extra_confs=list(extra_confs), fraction=fraction,
                            device_total=source.device_total,
-                           non_pytorch_bytes=non_pytorch, progress=progress)
+                           non_pytorch_bytes=non_pytorch, progress=progress,
+                           offer_release=offer_release)
         return WhatIfReport(source.label, trace.num_events, result, tuple(notes))
     current, note = kernel_settings(current_conf, version)
     if note:
@@ -181,7 +185,7 @@ def what_if(source: TraceSource, *, extra_confs: list[str] | tuple[str, ...] = (
                        recorded_settings=recorded or SimSettings(torch_version=version),
                        extra_confs=list(extra_confs), fraction=fraction,
                        device_total=source.device_total, non_pytorch_bytes=non_pytorch,
-                       progress=progress)
+                       progress=progress, offer_release=offer_release)
     return WhatIfReport(source.label, trace.num_events, result, tuple(notes))
 
 

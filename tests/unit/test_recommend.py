@@ -116,3 +116,21 @@ def test_recorded_cnn_trace_prefers_expandable_segments() -> None:
     split128 = next(c for c in rec.candidates if c.conf == "max_split_size_mb:128")
     assert split128.result.peak_reserved_bytes == 26_625_441_792  # measured: 26.6 GB
     assert "reused only for requests within" in split128.reason
+
+
+def test_settings_the_kernels_torch_does_not_take_are_not_offered() -> None:
+    """A 2.11 recording looked at from a torch 1.13 kernel: the replays follow 2.11, but a row
+    the user could not apply (expandable segments, the 2.6 rounding combination) is not offered,
+    and a note says why."""
+    from allocconf_widget.core.versions import parse_version
+
+    trace = _varying_batches().build()
+    both = recommend(trace, torch_version="2.11", current_conf="")
+    old = recommend(trace, torch_version="2.11", current_conf="", offer_release=parse_version("1.13"))
+    offered = {c.conf for c in old.candidates}
+    assert "expandable_segments:True" in {c.conf for c in both.candidates}
+    assert "expandable_segments:True" not in offered
+    assert not any("max_non_split_rounding_mb" in c for c in offered)
+    assert "max_split_size_mb:256" in offered  # what 1.13 takes stays
+    note = next(n for n in old.notes if n.startswith("not offered"))
+    assert "torch 1.13" in note and "expandable_segments:True" in note

@@ -93,6 +93,27 @@ def candidate_confs(version: TorchVersion, *, with_fraction: bool) -> list[tuple
     return grid
 
 
+def _offerable(grid: list[tuple[str, str]], release: TorchVersion | None,
+               ) -> tuple[list[tuple[str, str]], list[str]]:
+    """Split the grid into what ``release`` accepts and what it rejects (with torch's reason)."""
+    if release is None:
+        return grid, []
+    from allocconf_widget.core.config.conf import parse_conf
+
+    kept: list[tuple[str, str]] = []
+    rejected: list[str] = []
+    for conf, kind in grid:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                parse_conf(conf, release)
+        except AllocConfError:
+            rejected.append(conf)
+            continue
+        kept.append((conf, kind))
+    return kept, rejected
+
+
 def _settings_for(conf: str, version: TorchVersion) -> SimSettings:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AllocConfWarning)  # traps are explained by the reason
@@ -112,6 +133,7 @@ def recommend(
     workers: int | None = None,
     recorded_settings: SimSettings | None = None,
     progress: Callable[[int, int], None] | None = None,
+    offer_release: TorchVersion | None = None,
 ) -> Recommendation:
     """Replay the candidate grid and rank it.
 
@@ -127,6 +149,9 @@ def recommend(
             settings of the kernel looking at the recording): the self-check replays these,
             they get their own row, and every reason compares with the current settings.
         progress: ``progress(done, total)`` after each replay (see ``simulate_many``).
+        offer_release: the torch a user would apply a row to (the kernel's, when it differs
+            from the trace's): grid settings it does not take are not offered, and a note
+            says which. The replays still follow the trace's release.
     """
     version = simulated_release(torch_version)
     if current_settings is None:
@@ -147,7 +172,13 @@ def recommend(
         recorded = dataclasses.replace(recorded_settings, per_process_memory_fraction=fraction)
         described = recorded.describe()
         grid.append(("" if described == "(defaults)" else described, "recorded"))
-    grid += candidate_confs(version, with_fraction=fraction is not None and device_total is not None)
+    offered, not_offered = _offerable(
+        candidate_confs(version, with_fraction=fraction is not None and device_total is not None),
+        offer_release)
+    grid += offered
+    if not_offered:
+        notes.append(f"not offered, because torch {offer_release} does not take them: "
+                     + "; ".join(not_offered))
     for conf, kind in grid + [(c, "extra") for c in extra_confs or ()]:
         try:
             s = recorded if kind == "recorded" else _settings_for(conf, version)

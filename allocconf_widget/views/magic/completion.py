@@ -128,13 +128,24 @@ allocconf_matcher.matcher_api_version = 2  # type: ignore[attr-defined]
 allocconf_matcher.matcher_identifier = "allocconf"  # type: ignore[attr-defined]
 
 
+def _has_matcher_api_v2() -> bool:
+    """Whether this IPython calls matchers with a context (8.6+). IPython 7.34 (Colab's) also has
+    a ``custom_matchers`` list, but calls its entries with the bare text: there the
+    ``complete_command`` hook is the way in."""
+    try:
+        from IPython.core.completer import SimpleCompletion  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def register_completer(ipython: Any, build_parser: Callable[[], argparse.ArgumentParser]) -> None:
     """Complete ``%allocconf`` / ``%%allocconf`` in this shell from ``build_parser()`` (idempotent)."""
     if not _parser_factory:
         _parser_factory.append(build_parser)
     completer = getattr(ipython, "Completer", None)
     matchers = getattr(completer, "custom_matchers", None)
-    if isinstance(matchers, list):
+    if isinstance(matchers, list) and _has_matcher_api_v2():
         if allocconf_matcher not in matchers:
             matchers.append(allocconf_matcher)
         return

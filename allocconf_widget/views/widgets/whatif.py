@@ -196,6 +196,7 @@ class WhatIfView:
     def run(self) -> Any:
         """Replay the candidates and render the comparison."""
         from allocconf_widget.app.simulate import what_if
+        from allocconf_widget.core.versions import installed_torch_version
 
         with self._lock:
             self.run_button.disabled = True
@@ -205,7 +206,8 @@ class WhatIfView:
             try:
                 source, trace = self._trace()
                 current = self._effective()
-                report = what_if(source, trace=trace, current_conf=current, progress=self._progress)
+                report = what_if(source, trace=trace, current_conf=current, progress=self._progress,
+                                 offer_release=installed_torch_version())
                 self.recommendation = report.recommendation
                 self.compared_with = current
                 self.session.extras["whatif"] = report.recommendation
