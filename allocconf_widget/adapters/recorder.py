@@ -18,6 +18,8 @@ from typing import Any
 
 from allocconf_widget._errors import RuntimeStateError
 from allocconf_widget.adapters import torch_private
+from allocconf_widget.adapters.fraction_calls import noting_fraction_calls
+from allocconf_widget.core.sim.limits import FRACTION_CHANGES_KEY
 
 DEFAULT_MAX_ENTRIES = 1_000_000
 #: Extra snapshot key holding the segments that existed when recording started.
@@ -75,8 +77,10 @@ def record(max_entries: int = DEFAULT_MAX_ENTRIES, device: int = 0) -> Iterator[
     free, total = torch.cuda.mem_get_info(device)
     recording.free_at_start, recording.device_total = int(free), int(total)
     started = time.perf_counter()
+    fraction_calls: list[dict[str, Any]] = []
     try:
-        yield recording
+        with noting_fraction_calls(torch) as fraction_calls:
+            yield recording
     except BaseException as exc:
         recording.error = exc
         raise
@@ -85,6 +89,8 @@ def record(max_entries: int = DEFAULT_MAX_ENTRIES, device: int = 0) -> Iterator[
         try:
             recording.snapshot = torch_private.snapshot_with_history(torch)
             recording.snapshot[INITIAL_SEGMENTS_KEY] = initial
+            if fraction_calls:  # the replay applies them where they happened (core/sim/limits.py)
+                recording.snapshot[FRACTION_CHANGES_KEY] = fraction_calls
             recording.peak_reserved = int(torch.cuda.memory_stats(device).get(
                 "reserved_bytes.all.peak", 0))
         finally:

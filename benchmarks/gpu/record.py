@@ -79,6 +79,7 @@ def _child(workload: str, conf: str, fraction: float | None, out: Path, frames: 
         stacks="python",
         max_entries=3_000_000,
     )
+    fraction_calls = _note_fraction_calls(torch)
     timeline: list[list[float]] = []
     steps: list[list[float]] = []
     stop = threading.Event()
@@ -102,6 +103,8 @@ def _child(workload: str, conf: str, fraction: float | None, out: Path, frames: 
     sampler.join()
     stats = torch.cuda.memory_stats(0)
     snap = torch.cuda.memory._snapshot()
+    if fraction_calls:  # the allocator writes no trace entry for them (docs/simulator.md)
+        snap["allocconf_fraction_changes"] = fraction_calls
     name = out.name
     with out.with_suffix(".pickle").open("wb") as fh:
         pickle.dump(snap, fh, protocol=4)
@@ -130,6 +133,24 @@ def _child(workload: str, conf: str, fraction: float | None, out: Path, frames: 
         "timeline": timeline,
     }
     out.with_suffix(".json").write_text(json.dumps(meta))
+
+
+def _note_fraction_calls(torch: object) -> list[dict[str, object]]:
+    """Wrap the workload's ``torch.cuda.set_per_process_memory_fraction`` calls (made after this
+    point) so each is noted with its device, fraction and time on the trace's clock (epoch µs),
+    the format docs/simulator.md gives for the snapshot key ``allocconf_fraction_changes``."""
+    cuda = torch.cuda  # type: ignore[attr-defined]
+    original = cuda.memory.set_per_process_memory_fraction
+    calls: list[dict[str, object]] = []
+
+    def wrapper(fraction: float, device: object = None) -> None:
+        original(fraction, device)
+        index = device if isinstance(device, int) else getattr(device, "index", None)
+        calls.append({"device": index if isinstance(index, int) else cuda.current_device(),
+                      "fraction": float(fraction), "time_us": time.time_ns() // 1000})
+
+    cuda.set_per_process_memory_fraction = cuda.memory.set_per_process_memory_fraction = wrapper
+    return calls
 
 
 def _spawn(workload: str, name: str, conf: str, fraction: float | None, out_dir: Path,

@@ -56,3 +56,44 @@ def test_recorded_trace_replays_exactly():
     assert out["events"] > 100
     assert out["exact"], out["summary"]
     assert out["sim_peak"] == out["real_peak"]
+
+
+_LOWERED = textwrap.dedent("""
+    import json, torch
+    from allocconf_widget.adapters.recorder import record
+    from allocconf_widget.core.sim.limits import FRACTION_CHANGES_KEY
+    from allocconf_widget.core.sim.simulator import SimSettings, extract_trace, simulate
+    MiB = 1 << 20
+    original = torch.cuda.set_per_process_memory_fraction
+    with record() as rec:
+        cached = [torch.empty(100 * MiB, dtype=torch.uint8, device="cuda") for _ in range(8)]
+        del cached                        # 800 MiB cached
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(300 * MiB / total)   # the notebook lowers it
+        for _ in range(5):
+            t = torch.empty(150 * MiB, dtype=torch.uint8, device="cuda")  # no cached block fits
+            del t
+    stats = torch.cuda.memory_stats()
+    trace = extract_trace(rec.snapshot)
+    version = tuple(int(p) for p in torch.__version__.split(".")[:2])
+    settings = SimSettings.from_allocator_settings(rec.snapshot["allocator_settings"], version)
+    result = simulate(trace, settings, device_total=rec.device_total)
+    print("RESULT", json.dumps({
+        "noted": rec.snapshot.get(FRACTION_CHANGES_KEY), "placed": trace.limit_changes,
+        "restored": torch.cuda.set_per_process_memory_fraction is original,
+        "real_peak": stats["reserved_bytes.all.peak"], "sim_peak": result.peak_reserved_bytes,
+        "real_end": stats["reserved_bytes.all.current"], "sim_end": result.final_reserved_bytes}))
+""")
+
+
+def test_a_fraction_lowered_inside_the_recording_is_replayed_where_it_happened():
+    env = {k: v for k, v in os.environ.items() if "ALLOC_CONF" not in k}
+    proc = subprocess.run([sys.executable, "-c", _LOWERED], capture_output=True, text=True, env=env,
+                          check=False, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    print("\n", out)
+    assert len(out["noted"]) == 1 and out["noted"][0]["device"] == 0 and out["placed"] == 1
+    assert out["restored"]  # the wrapper is gone after the recording
+    assert out["sim_peak"] == out["real_peak"]
+    assert out["sim_end"] == out["real_end"] <= 300 << 20  # released the cache, as the real run did

@@ -37,6 +37,7 @@ from allocconf_widget.core.sim.blocks import (
     insert_free,
     remove_free,
 )
+from allocconf_widget.core.sim.limits import FRACTION_SCALE
 from allocconf_widget.core.sim.result import PredictedOom, SegmentEvent, SimResult, SimSeries
 from allocconf_widget.core.sim.settings import (
     ROUND_LARGE,
@@ -447,6 +448,10 @@ class Engine:
                 self.allocated, self.active, self.requested = allocated, active, requested
                 if op == 4:
                     self.replay_recorded_oom(i, n, lane)
+                elif op == 6:  # the program changed its memory fraction here
+                    self.change_fraction(n)
+                    rules = self.rules
+                    gc_on = rules.gc_enabled
                 elif not larges[lane].pool.default:
                     reclaim.release_pool(self, lane, i)  # a private pool let go of its memory
                 elif n == 0 or self.release_limit is None or n <= self.release_limit:
@@ -455,6 +460,14 @@ class Engine:
         self.allocated, self.active, self.requested = allocated, active, requested
         self.chunk_max_alloc, self.peak_active = max(cmax, allocated), amax
         return not stopped
+
+    def change_fraction(self, encoded: int) -> None:
+        """``set_per_process_memory_fraction`` mid-run (a ``limit`` row, the fraction in
+        billionths): the new limit holds from here on, and tells ``empty_cache()`` from
+        malloc's own release path as the first limit did."""
+        self.rules = self.rules.with_fraction(encoded / FRACTION_SCALE)
+        limits = [x for x in (self.rules.allowed_max, self.rules.usable) if x is not None]
+        self.release_limit = min(limits) if limits else None
 
     # ------------------------------------------------------------- free lists
     def new_tb(self, ptr: int) -> int:

@@ -10,6 +10,7 @@ docs/internals/allocator_facts.md §6.14 live in :meth:`EngineRules.derive` and 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -231,6 +232,8 @@ class EngineRules:
     reject_limit: int | None
     usable: int | None
     device_total: int | None
+    #: ≤ 2.9 (the ``set_fraction`` flag): any fraction sets a limit, even 1.0
+    any_fraction_limits: bool = False
 
     @property
     def gc_enabled(self) -> bool:
@@ -273,7 +276,21 @@ class EngineRules:
             reject_limit=reject_limit,
             usable=usable,
             device_total=device_total,
+            any_fraction_limits=v <= (2, 9),
         )
+
+    def with_fraction(self, fraction: float) -> EngineRules:
+        """These rules after the program called ``set_per_process_memory_fraction(fraction)``
+        mid-run (the trace's ``limit`` rows): the allocator's limit, and the
+        ``throw_on_cudamalloc_oom`` limit that follows it, change from that call on."""
+        if self.device_total is None:
+            return self
+        allowed = (int(fraction * self.device_total)
+                   if self.any_fraction_limits or fraction < 1.0 else None)
+        reject = self.reject_limit
+        if reject is not None:
+            reject = int(fraction * self.device_total)
+        return dataclasses.replace(self, allowed_max=allowed, reject_limit=reject)
 
     def segment_bytes(self, rounded: int) -> int:
         """``get_allocation_size``: the size of a new classic segment for a rounded request."""

@@ -129,6 +129,10 @@ class Trace:
     unattributed_pools: tuple[tuple[int, int], ...] = ()
     #: allocations attributed to a private pool from the recorded run (:mod:`.pools`)
     inferred_private_allocs: int = 0
+    #: ``set_per_process_memory_fraction`` calls placed as ``limit`` rows (:mod:`.limits`)
+    limit_changes: int = 0
+    #: recorded calls with no row to place them by (a trace without times, or after its end)
+    unplaced_limit_changes: int = 0
 
     def caveats(self) -> tuple[str, ...]:
         """What the replay cannot model faithfully in this trace, for people.
@@ -150,6 +154,9 @@ class Trace:
             out.append(
                 f"{len(self.unattributed_pools)} private memory pool(s) (CUDA graphs / torch.cuda.MemPool) "
                 "whose allocations the trace does not attribute, replayed in the default pool")
+        if self.unplaced_limit_changes:
+            out.append(f"{self.unplaced_limit_changes} memory-fraction change(s) the program made could "
+                       "not be placed in the trace (it has no times), so the replay keeps one limit")
         if self.deferred_frees:
             out.append(
                 f"{self.deferred_frees:,} frees waited on other streams (record_stream) and complete "
@@ -260,7 +267,11 @@ def extract_trace(
                            _recorded_gc(snapshot), attribution)
         trace = dataclasses.replace(trace, inferred_private_allocs=len(attribution.alloc_pools))
     pools = _unattributed_pools(snapshot, trace)
-    return dataclasses.replace(trace, unattributed_pools=pools) if pools else trace
+    if pools:
+        trace = dataclasses.replace(trace, unattributed_pools=pools)
+    from allocconf_widget.core.sim.limits import read_fraction_changes, with_fraction_changes
+
+    return with_fraction_changes(trace, read_fraction_changes(snapshot))
 
 
 def trace_entries(snapshot: Mapping[str, Any], device: int) -> Sequence[Any]:
