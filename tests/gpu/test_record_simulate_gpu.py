@@ -46,13 +46,19 @@ _CODE = textwrap.dedent("""
 """)
 
 
-def test_recorded_trace_replays_exactly():
+def _run_fresh(code: str) -> dict:
+    """Run ``code`` in a fresh interpreter without allocator settings; its RESULT line."""
     env = {k: v for k, v in os.environ.items() if "ALLOC_CONF" not in k}
-    proc = subprocess.run([sys.executable, "-c", _CODE], capture_output=True, text=True, env=env,
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           check=False, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
     print("\n", out)
+    return out
+
+
+def test_recorded_trace_replays_exactly():
+    out = _run_fresh(_CODE)
     assert out["events"] > 100
     assert out["exact"], out["summary"]
     assert out["sim_peak"] == out["real_peak"]
@@ -87,12 +93,7 @@ _LOWERED = textwrap.dedent("""
 
 
 def test_a_fraction_lowered_inside_the_recording_is_replayed_where_it_happened():
-    env = {k: v for k, v in os.environ.items() if "ALLOC_CONF" not in k}
-    proc = subprocess.run([sys.executable, "-c", _LOWERED], capture_output=True, text=True, env=env,
-                          check=False, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
-    print("\n", out)
+    out = _run_fresh(_LOWERED)
     assert len(out["noted"]) == 1 and out["noted"][0]["device"] == 0 and out["placed"] == 1
     assert out["restored"]  # the wrapper is gone after the recording
     assert out["sim_peak"] == out["real_peak"]
