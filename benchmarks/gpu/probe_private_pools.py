@@ -14,7 +14,6 @@ import json
 
 import torch
 
-
 MiB = 1 << 20
 
 
