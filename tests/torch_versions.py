@@ -45,6 +45,11 @@ OPT_VALUES = ["True", "False", "default"] if HAS_EXPANDABLE else ["default"]
 """What tab completion offers after ``OPT_NAME=``."""
 
 
+def has_torch(version: tuple[int, int]) -> bool:
+    """Whether the installed torch is ``version`` or newer (no torch: the newest, as the package)."""
+    return TORCH is None or version <= TORCH
+
+
 def needs_torch(version: tuple[int, int], what: str) -> pytest.MarkDecorator:
     """Skip when the installed torch is older than ``version``, saying what it lacks."""
     return pytest.mark.skipif(
@@ -67,35 +72,12 @@ TWO_OPTS = ("expandable_segments:True,max_split_size_mb:512" if HAS_EXPANDABLE
 """Two options in torch's canonical (sorted) order, both taken by the installed release."""
 
 
-# Tests that do not yet ask the installed torch / IPython: they use something the release lacks,
-# so on it they are expected failures (xfail, not strict), each with its reason, until rewritten.
-# Keyed by node id prefix; tests/conftest.py applies them. Open work (docs/verification.md).
-NOT_YET_VERSION_AWARE: dict[str, tuple[tuple[int, int], str]] = {
-    "tests/integration/test_settings_rows.py": (
-        (2, 11), "its rows are options 1.13 lacks (large_segment_size_mb 2.11, "
-                 "max_non_split_rounding_mb 2.6, per_process_memory_fraction 2.10, expandable_segments 2.1)"),
-    "tests/integration/test_whatif_tab.py": (
-        (2, 10), "its rows apply expandable_segments (torch 2.1+) and expect the 2.10+ variable"),
-    "tests/integration/test_parse_once.py": (
-        (2, 10), "it sets expandable_segments (torch 2.1+) and expects the 2.10+ variable"),
-    "tests/integration/test_notebooks_run.py": ((2, 1), "the notebooks set expandable_segments (torch 2.1+)"),
-    "tests/integration/test_flight_magic.py::test_a_cell_that_dies_of_oom_gets_the_flight_view": (
-        (2, 4), "it raises torch.OutOfMemoryError (torch 2.4+; torch.cuda.OutOfMemoryError before)"),
-    "tests/integration/test_flight_view.py::test_open_in_pytorchs_viewer_writes_the_page_and_the_pickle": (
-        (2, 1), "torch 1.13's _memory_viz cannot make the viewer page"),
-    "tests/integration/test_broken_environment.py": (
-        (2, 10), "on PyPI's CUDA builds, run inside the full CI cell, the fresh interpreter finds the "
-                 "variable unset after %allocconf set; passes when run alone: not explained yet"),
-    "tests/integration/test_magic.py::test_set_before_import_torch_just_works_in_a_fresh_interpreter": (
-        (2, 10), "on PyPI's CUDA builds, run inside the full CI cell, the fresh interpreter finds the "
-                 "variable unset after %allocconf set; passes when run alone: not explained yet"),
-}
-IPYTHON_8_ONLY: dict[str, str] = {
-    "tests/integration/test_flight_magic.py::test_on_before_torch_arms_without_importing_it": (
-        "IPython 7.34's test shell writes terminal-title escapes into the captured output"),
-    "tests/integration/test_settings_rows.py::test_copy_snippet_sends_the_copy_script": (
-        "under IPython 7.34 the copy script's display data has no application/javascript: open"),
-}
+# A test that cannot yet ask the installed torch / IPython goes here, keyed by node id prefix
+# with the release it needs and why; tests/conftest.py makes it an expected failure (not strict)
+# below that release. Both are empty: every test asks the installed release, and one that is
+# about an option an older release lacks skips there with needs_torch, saying what it lacks.
+NOT_YET_VERSION_AWARE: dict[str, tuple[tuple[int, int], str]] = {}
+IPYTHON_8_ONLY: dict[str, str] = {}
 
 
 def _ipython_version() -> tuple[int, int]:

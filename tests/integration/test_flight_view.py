@@ -7,6 +7,7 @@ from inside torch's OOM observer (``benchmarks/gpu/flight_oom.py --stacks``).
 
 from __future__ import annotations
 
+import html
 import json
 import os
 from pathlib import Path
@@ -22,6 +23,7 @@ from allocconf_widget.core.memory.snapshot import load_snapshot
 from allocconf_widget.views.widgets.flight import FlightOomView
 from allocconf_widget.views.widgets.flight_toggle import FlightToggle
 from allocconf_widget.views.widgets.oom import build_report, report_html
+from tests.torch_versions import has_torch
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -74,14 +76,23 @@ def test_open_in_pytorchs_viewer_writes_the_page_and_the_pickle(view, tmp_path, 
 
     monkeypatch.chdir(tmp_path)
     files = view.open_viewer()
-    assert files is not None and files.pickle.exists() and files.html is not None
-    page = files.html.read_text(encoding="utf-8")
-    assert "cdn.jsdelivr.net" in page  # torch's page loads its script from a CDN …
-    status = view.viewer_status.value
-    assert "cdn.jsdelivr.net, so it needs the internet" in status  # … and the view says so
-    assert "offline, use the segment map above" in status
+    assert files is not None and files.pickle.exists()
+    status = html.unescape(view.viewer_status.value)
+    if has_torch((2, 1)):
+        assert files.html is not None
+        page = files.html.read_text(encoding="utf-8")
+        assert "cdn.jsdelivr.net" in page  # torch's page loads its script from a CDN …
+        assert "cdn.jsdelivr.net, so it needs the internet" in status  # … and the view says so
+        assert "offline, use the segment map above" in status
+    else:  # torch 1.13's _memory_viz has no trace_plot: the pickle still works, and the view says so
+        assert files.html is None
+        assert "PyTorch's viewer page could not be made here (" in status
+        assert "pytorch.org/memory_viz" in status
     again = load_snapshot(files.pickle)
-    assert len(again["device_traces"][0]) == view.analysis.capture.events
+    if has_torch((2, 0)):
+        assert len(again["device_traces"][0]) == view.analysis.capture.events
+    else:  # the layout torch 1.13's own viewer reads: its list of segments alone
+        assert len(again["segments"]) == len(view.analysis.capture.snapshot["segments"])
     files = view.open_viewer(html=False)
     assert "PyTorch's viewer:" not in view.viewer_status.value and files is not None
 

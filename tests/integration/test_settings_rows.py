@@ -4,6 +4,7 @@ Unticked rows show torch's default; ticking stages a value valid with the rest o
 draft; size sliders sit on powers of two and the number box is their one readout; a
 size larger than the GPU is warned about (no GPU here: no warning); an error names
 the row it is about; Copy snippet sends the copy script and keeps the text area.
+Only the rows of the installed torch are shown; the tests ask it which those are.
 """
 
 from __future__ import annotations
@@ -16,8 +17,17 @@ pytest.importorskip("ipywidgets")
 
 from allocconf_widget.app.session import Session
 from allocconf_widget.views.widgets.panel import Panel
+from tests.torch_versions import OPT, OPT_NAME, READ_VAR, TORCH, TORCH_TEXT, has_torch, needs_torch
 
-VAR = "PYTORCH_ALLOC_CONF"
+# The size rows (a power-of-two slider and a number box) and the releases that have them
+# (docs/internals/allocator_facts.md); roundup_bypass_threshold_mb existed in 1.13 only.
+SIZE_ROWS = {
+    "max_split_size_mb": True,
+    "roundup_bypass_threshold_mb": TORCH is not None and TORCH < (2, 0),
+    "max_non_split_rounding_mb": has_torch((2, 6)),
+    "large_segment_size_mb": has_torch((2, 11)),
+    "pinned_reserve_segment_size_mb": has_torch((2, 10)),
+}
 
 
 @pytest.fixture
@@ -39,19 +49,30 @@ def test_unticked_rows_show_torchs_defaults(panel):
     rows = panel._rows
     assert _box(panel, "max_split_size_mb").value == "unlimited"
     assert _slider(panel, "max_split_size_mb").value == 2 ** _slider(panel, "max_split_size_mb").max
-    assert _box(panel, "large_segment_size_mb").value == "20"
-    assert _box(panel, "max_non_split_rounding_mb").value == "20"
-    assert rows["expandable_segments"].editor.value == "False"
     gc = rows["garbage_collection_threshold"].editor
     assert gc.readout is False  # "off" is no slider position: no number shown
-    assert rows["per_process_memory_fraction"].editor.value == 1.0
     assert rows["roundup_power2_divisions"].editor.children[1].value == "off"
-    assert rows["pinned_num_register_threads"].editor.value == "1"
+    # the rows of options this torch lacks are not shown; those it has show torch's default
+    size = lambda name: _box(panel, name).value  # noqa: E731
+    plain = lambda name: rows[name].editor.value  # noqa: E731
+    defaults = {  # option: (the release that has it, how its row shows a value, torch's default)
+        "large_segment_size_mb": (has_torch((2, 11)), size, "20"),
+        "max_non_split_rounding_mb": (has_torch((2, 6)), size, "20"),
+        "expandable_segments": (has_torch((2, 1)), plain, "False"),
+        "per_process_memory_fraction": (has_torch((2, 10)), plain, 1.0),
+        "pinned_num_register_threads": (has_torch((2, 2)), plain, "1"),
+        "roundup_bypass_threshold_mb": (not has_torch((2, 0)), size, "unlimited"),
+    }
+    for name, (has, shown, default) in defaults.items():
+        assert (name in rows) == has, f"{name} shown: {name in rows}; torch {TORCH_TEXT} has it: {has}"
+        if has:
+            assert shown(name) == default, name
     for row in rows.values():
         assert "default (unset)" in row.hint.value
         assert row.editor.layout.width == "430px"
 
 
+@needs_torch((2, 11), "large_segment_size_mb")
 def test_ticking_large_segment_keeps_an_existing_max_split_valid(panel):
     panel.model.session.stage_text("max_split_size_mb:128", eager=False)
     row = panel._rows["large_segment_size_mb"]
@@ -62,11 +83,16 @@ def test_ticking_large_segment_keeps_an_existing_max_split_valid(panel):
 
 
 def test_ticking_picks_a_valid_value_for_the_draft(panel):
-    panel.model.session.stage_text("large_segment_size_mb:1024", eager=False)
-    panel._rows["max_split_size_mb"].enabled.value = True  # 512 would be below 1024
-    assert "max_split_size_mb:1024" in panel.status.value and "✖" not in panel.status.value
-    panel._rows["expandable_segments"].enabled.value = True  # a switch ticks to its non-default
-    assert "expandable_segments:True" in panel.status.value
+    if has_torch((2, 11)):
+        panel.model.session.stage_text("large_segment_size_mb:1024", eager=False)
+        panel._rows["max_split_size_mb"].enabled.value = True  # 512 would be below 1024
+        assert "max_split_size_mb:1024" in panel.status.value and "✖" not in panel.status.value
+    else:  # nothing bounds it from below but torch's own minimum
+        panel._rows["max_split_size_mb"].enabled.value = True
+        assert "max_split_size_mb:512" in panel.status.value and "✖" not in panel.status.value
+    if has_torch((2, 1)):
+        panel._rows["expandable_segments"].enabled.value = True  # a switch ticks to its non-default
+        assert "expandable_segments:True" in panel.status.value
     panel._rows["garbage_collection_threshold"].enabled.value = True
     assert "garbage_collection_threshold:0.8" in panel.status.value
     assert panel._rows["garbage_collection_threshold"].editor.readout is True
@@ -75,8 +101,8 @@ def test_ticking_picks_a_valid_value_for_the_draft(panel):
 
 
 def test_size_sliders_move_in_powers_of_two_and_the_box_is_the_one_readout(panel):
-    for name in ("max_split_size_mb", "max_non_split_rounding_mb", "large_segment_size_mb",
-                 "pinned_reserve_segment_size_mb"):
+    assert {n for n in SIZE_ROWS if n in panel._rows} == {n for n, has in SIZE_ROWS.items() if has}
+    for name in (n for n, has in SIZE_ROWS.items() if has):
         slider = _slider(panel, name)
         assert slider.base == 2 and slider.step == 1 and float(slider.min).is_integer()
         assert float(slider.max).is_integer() and slider.readout is False
@@ -98,14 +124,17 @@ def test_out_of_range_sizes(panel):
     assert panel.model.device_total is None
     assert "more than this GPU" not in panel.status.value
     assert "max_split_size_mb:99999999999" in panel.status.value
+    if not has_torch((2, 10)):  # torch read it as a 32-bit number: the row says so
+        assert f"torch {TORCH_TEXT} cannot read numbers above 2147483647" in panel.status.value
+        assert "✖" in panel._rows["max_split_size_mb"].hint.value
 
 
 def test_a_size_larger_than_the_gpu_is_warned_about(panel):
     # NVML cannot run here: give the model the total an H200 reports (150,109,880,320 bytes)
     panel.model.device_total = 150_109_880_320
     panel._rows["max_split_size_mb"].enabled.value = True
-    _box(panel, "max_split_size_mb").value = "99999999999"
-    assert "max_split_size_mb:99999999999 is" in panel.status.value
+    _box(panel, "max_split_size_mb").value = "262144"  # 256 GiB: a number every release reads
+    assert "max_split_size_mb:262144 is 256.00 GiB" in panel.status.value
     assert "more than this GPU&#x27;s 139.80 GiB" in panel.status.value
     _box(panel, "max_split_size_mb").value = "65536"
     assert "more than this GPU" not in panel.status.value
@@ -125,15 +154,15 @@ def test_an_error_names_the_row_not_a_character_position(panel):
 
 
 def test_copy_snippet_sends_the_copy_script_and_keeps_the_text_area(panel):
-    panel._rows["expandable_segments"].enabled.value = True
+    panel._rows[OPT_NAME].enabled.value = True  # ticks to OPT's value
     panel._snippet_clicked(None)
     outputs = panel._clipboard.outputs
     assert len(outputs) == 1
     script = outputs[0]["data"]["application/javascript"]
     assert "navigator.clipboard.writeText(" in script
-    assert "export PYTORCH_ALLOC_CONF='expandable_segments:True'" in script
-    assert "%env PYTORCH_ALLOC_CONF=expandable_segments:True" in panel.snippet_area.value
+    assert f"export {READ_VAR}='{OPT}'" in script
+    assert f"%env {READ_VAR}={OPT}" in panel.snippet_area.value
     assert panel.snippet_area.layout.display == ""
     panel._snippet_clicked(None)
     assert len(panel._clipboard.outputs) == 1  # one script per click, not a growing pile
-    assert os.environ.get(VAR) is None  # copying applies nothing
+    assert os.environ.get(READ_VAR) is None  # copying applies nothing

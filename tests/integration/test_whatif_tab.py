@@ -2,7 +2,9 @@
 
 "Current" is this kernel's effective configuration (the Session), not the recording's;
 a row's Apply first says what it will set and unset and waits for a yes; the outcome
-appears under the row that was clicked; the tab follows Applies made elsewhere.
+appears under the row that was clicked; the tab follows Applies made elsewhere; a
+row the kernel's torch cannot take is not offered, and a note says which were left out.
+The rows used run on every release (1.13+); the tests ask the installed torch for the rest.
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ pytest.importorskip("ipywidgets")
 
 from allocconf_widget.app.session import Session
 from allocconf_widget.views.widgets.whatif import WhatIfView
+from tests.torch_versions import READ_VAR, TORCH_TEXT, has_torch
 
-VAR = "PYTORCH_ALLOC_CONF"
+VAR = READ_VAR
+# an option the replay does not model, which a row's Apply keeps (torch 2.2+)
+KEPT = ",release_lock_on_cudamalloc:True" if has_torch((2, 2)) else ""
 
 
 def _applied(session: Session, text: str) -> None:
@@ -32,37 +37,37 @@ def _row(view: WhatIfView, conf: str):
 
 def test_current_is_the_kernels_settings_and_the_defaults_row_can_be_applied():
     session = Session()
-    _applied(session, "expandable_segments:True")
+    _applied(session, "max_split_size_mb:256")
     view = WhatIfView(session)
     rec = view.run()
-    assert "This kernel runs <code>expandable_segments:True</code>" in view.current.value
-    assert rec.current.conf == "expandable_segments:True"
-    current = _row(view, "expandable_segments:True")
+    assert "This kernel runs <code>max_split_size_mb:256</code>" in view.current.value
+    assert rec.current.conf == "max_split_size_mb:256"
+    current = _row(view, "max_split_size_mb:256")
     assert current.apply.disabled  # nothing to change
     defaults = _row(view, "")  # the recording's settings are torch's defaults
     assert not defaults.apply.disabled
     assert "(this kernel)" in current.box.children[0].children[1].value
     # every reason compares with what this kernel runs
-    assert "vs 5.29 GiB now" in _row(view, "max_split_size_mb:128").box.children[0].children[1].value
+    assert "vs 22.10 GiB now" in _row(view, "max_split_size_mb:128").box.children[0].children[1].value
     view.close()
 
 
 def test_row_apply_says_what_changes_waits_for_a_yes_and_answers_under_the_row():
     session = Session()
-    _applied(session, "expandable_segments:True,release_lock_on_cudamalloc:True")
+    _applied(session, f"roundup_power2_divisions:8{KEPT}")
     view = WhatIfView(session)
     view.run()
     row = _row(view, "max_split_size_mb:128")
     row.apply.click()
     # nothing happened yet: the row asks first, naming what will be set, unset and kept
-    assert os.environ[VAR] == "expandable_segments:True,release_lock_on_cudamalloc:True"
+    assert os.environ[VAR] == f"roundup_power2_divisions:8{KEPT}"
     question = row.question.value
     assert "set max_split_size_mb:128" in question
-    assert "unset expandable_segments:True" in question
-    assert "keeps release_lock_on_cudamalloc" in question
+    assert "unset roundup_power2_divisions:8" in question
+    assert ("keeps release_lock_on_cudamalloc" in question) == bool(KEPT)
     assert row.confirm in row.box.children and row.confirm.layout.display == ""
     row.yes.click()
-    assert os.environ[VAR] == "max_split_size_mb:128,release_lock_on_cudamalloc:True"
+    assert os.environ[VAR] == f"max_split_size_mb:128{KEPT}"
     assert row.result.value.startswith("<b>Applied max_split_size_mb:128.</b>")
     assert row.confirm.layout.display == "none"
     others = [r.result for r in view._rows if r is not row]
@@ -70,7 +75,7 @@ def test_row_apply_says_what_changes_waits_for_a_yes_and_answers_under_the_row()
     assert row.box.children[-1] is row.result  # right under it
     # the tab follows the Session: this row is now what the kernel runs
     assert row.apply.disabled
-    assert not _row(view, "expandable_segments:True").apply.disabled
+    assert not _row(view, "roundup_power2_divisions:8").apply.disabled
     assert "Compare again" in view.current.value
     view.close()
 
@@ -79,9 +84,9 @@ def test_cancel_changes_nothing():
     session = Session()
     view = WhatIfView(session)
     view.run()
-    row = _row(view, "expandable_segments:True")
+    row = _row(view, "max_split_size_mb:256")
     row.apply.click()
-    assert "set expandable_segments:True" in row.question.value
+    assert "set max_split_size_mb:256" in row.question.value
     row.confirm.children[2].click()  # Cancel
     assert row.confirm.layout.display == "none"
     assert os.environ.get(VAR) is None
@@ -93,10 +98,10 @@ def test_an_apply_elsewhere_moves_the_current_mark():
     view = WhatIfView(session)
     view.run()
     assert _row(view, "").apply.disabled  # defaults: this kernel runs them
-    _applied(session, "expandable_segments:True")  # e.g. the Settings tab or the magic
-    assert _row(view, "expandable_segments:True").apply.disabled
+    _applied(session, "max_split_size_mb:256")  # e.g. the Settings tab or the magic
+    assert _row(view, "max_split_size_mb:256").apply.disabled
     assert not _row(view, "").apply.disabled
-    assert "This kernel runs <code>expandable_segments:True</code>" in view.current.value
+    assert "This kernel runs <code>max_split_size_mb:256</code>" in view.current.value
     view.close()
 
 
@@ -110,4 +115,29 @@ def test_compare_button_and_progress():
     view.run()
     assert seen and seen[-1][0] == seen[-1][1] == len(view._rows) + 1  # every replay + self-check
     assert view.progress.layout.display == "none"  # hidden once the answer is there
+    view.close()
+
+
+# grid rows that need a newer torch than 1.13, with the release that takes them
+_NEWER_ROWS = {"expandable_segments:True": (2, 1),
+               "max_split_size_mb:256,max_non_split_rounding_mb:512": (2, 6)}
+
+
+def test_rows_the_kernels_torch_cannot_take_are_not_offered_and_a_note_says_which():
+    session = Session()
+    view = WhatIfView(session)
+    view.run()
+    offered = [r.conf for r in view._rows]
+    note = next((line for line in view.summary.value.split("<br>") if line.startswith("not offered")), "")
+    for conf, since in _NEWER_ROWS.items():
+        if has_torch(since):
+            assert conf in offered
+            assert conf not in note
+        else:  # no Apply the kernel would refuse: the row is gone and the note names it
+            assert conf not in offered
+            assert f"not offered, because torch {TORCH_TEXT} does not take them: " in note
+            assert conf in note
+    if not has_torch((2, 1)):
+        assert not any("expandable_segments" in c for c in offered)
+    assert offered and "max_split_size_mb:256" in offered  # the rows every release takes remain
     view.close()
