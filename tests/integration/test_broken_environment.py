@@ -24,14 +24,22 @@ SCRIPT = textwrap.dedent(f"""
     import torch
     ip.run_line_magic("allocconf", "set garbage_collection_threshold=0.7")
     ip.run_line_magic("allocconf", "apply")
-    import os
+    import os, sys
     print("ENV", os.environ.get("{READ_VAR}"))
+    # what the child saw, for the failure message: its torch, every allocator variable, sys.path
+    from allocconf_widget.core.versions import installed_torch_version
+    print("SEEN", installed_torch_version(), torch.__file__,
+          {{k: v for k, v in os.environ.items() if k.endswith("ALLOC_CONF")}}, sys.path[:4])
 """)
 
 
 def _env_options(stdout: str) -> set[str]:
     line = next(ln for ln in stdout.splitlines() if ln.startswith("ENV "))
     return set(line[4:].split(","))
+
+
+def _seen(stdout: str) -> str:
+    return next((ln for ln in stdout.splitlines() if ln.startswith("SEEN ")), stdout[-2000:])
 
 
 def _run(env: dict[str, str], **kwargs: object) -> subprocess.CompletedProcess[str]:
@@ -56,7 +64,7 @@ def test_kernel_starts_on_a_hostile_settings_file(tmp_path, content):
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr + done.stdout
     assert "ignoring saved settings" in done.stdout
-    assert _env_options(done.stdout) == {OPT, "garbage_collection_threshold:0.7"}
+    assert _env_options(done.stdout) == {OPT, "garbage_collection_threshold:0.7"}, _seen(done.stdout)
 
 
 def test_unwritable_settings_path_says_applied_not_saved(tmp_path):
@@ -68,4 +76,4 @@ def test_unwritable_settings_path_says_applied_not_saved(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr + done.stdout
     assert "Applied, but NOT saved for kernel restarts" in done.stdout
-    assert _env_options(done.stdout) == {OPT, "garbage_collection_threshold:0.7"}
+    assert _env_options(done.stdout) == {OPT, "garbage_collection_threshold:0.7"}, _seen(done.stdout)

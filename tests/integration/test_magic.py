@@ -244,15 +244,20 @@ def test_set_before_import_torch_just_works_in_a_fresh_interpreter(tmp_path):
         import os, sys
         assert "torch" not in sys.modules
         import torch
-        print("ENV", os.environ["{READ_VAR}"])
+        print("ENV", os.environ.get("{READ_VAR}"))
         getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)  # torch 2.10+
         print("TORCH", getter() if getter else "(no getter)")
+        from allocconf_widget.core.versions import installed_torch_version
+        print("SEEN", installed_torch_version(), torch.__file__,
+              {{k: v for k, v in os.environ.items() if k.endswith("ALLOC_CONF")}}, sys.path[:4])
     """)
     env = {k: v for k, v in os.environ.items() if "ALLOC_CONF" not in k}
     env["XDG_CONFIG_HOME"] = str(tmp_path)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         check=True).stdout
-    assert f"ENV {canonical}" in out
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    assert f"ENV {canonical}" in out, out[-2000:]  # with what the child saw (its SEEN line)
     # torch parsed exactly that string when it first looked (where it can say so)
     assert f"TORCH {canonical}" in out or "TORCH (no getter)" in out
 
