@@ -73,16 +73,14 @@ UNMODELLED = {
                 "from the recorded run, but graph-pool release rules are not modelled",
     "mempool": "torch.cuda.MemPool: attributed from the recorded run where it can be (not under "
                "expandable segments)",
-    "fracmid__split128": "the memory fraction was lowered mid-run; a replay has one fraction",
 }
 
 
 #: Predictions known to be wrong although the self-check of the base trace is exact: the base run
 #: shows nothing of what made the target run differ (docs/fidelity.md says so beside each one).
-KNOWN_WRONG_PREDICTIONS = {
-    "fracmid__split128": "the fraction lowered mid-run never bit in the default run, so its trace "
-                         "cannot show the limit that made the split128 run release segments",
-}
+KNOWN_WRONG_PREDICTIONS: dict[str, str] = {}
+# (fracmid__split128 was here until the recorder noted the fraction lowered mid-run: the default
+# run's trace now carries the call, and the prediction is exact)
 
 
 def _unmodelled(path: Path) -> str | None:

@@ -78,7 +78,7 @@ def attribute_pools(
     None when nothing points at a private pool, or when the evidence contradicts itself.
     ``rounding`` is the recorded settings' request rounding; with ``max_split`` set,
     oversize gaps prove nothing (the allocator may not split them) and are skipped. With
-    ``expandable`` (the run had expandable segments; torch ≤ 2.11 maps them in the default
+    ``expandable`` (the run had expandable segments; torch ≤ 2.10 maps them in the default
     pool only) every classic ``segment_alloc`` is a private pool's.
     """
     segs: list[_Segment] = []

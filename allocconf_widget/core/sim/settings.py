@@ -270,7 +270,7 @@ class EngineRules:
             large_segment=large_segment,
             tie_by_address=v <= (2, 11),
             expandable=s.expandable_segments and v >= (2, 1),
-            expandable_private_pools=v >= (2, 12),
+            expandable_private_pools=v >= (2, 11),
             allowed_max=allowed_max,
             gc_threshold=s.gc_threshold,
             reject_limit=reject_limit,

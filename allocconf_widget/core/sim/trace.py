@@ -299,9 +299,10 @@ def _pool_attribution(snapshot: Mapping[str, Any], trace: Trace) -> Any:
     from allocconf_widget.core.sim.settings import round_size
 
     settings = _recorded_settings(snapshot)
-    # from 2.12 private pools may be expandable too: a classic segment then proves nothing
+    # from 2.11 private pools are expandable too (measured, docs/simulator.md): a classic
+    # segment then proves nothing
     expandable = settings.expandable_segments
-    if expandable and settings.torch_version >= (2, 12):
+    if expandable and settings.torch_version >= (2, 11):
         return None
     slots, div2 = settings.roundup_slots, settings.torch_version >= (2, 4)
     return attribute_pools(entries, final, lambda n: round_size(n, slots, div2),
