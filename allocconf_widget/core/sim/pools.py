@@ -247,3 +247,54 @@ def _assign(entries: Sequence[Any], segs: list[_Segment], color: dict[int, int],
                 sid = live_id[live_starts[pos]]
                 if color.get(sid) == 1 and addr < segs[sid].end:
                     out[idx] = private
+
+
+#: Separate expandable-segment reservations lie far apart (each reserves about 9/8 of the
+#: device's memory in virtual addresses); addresses closer than this are one reservation.
+RESERVATION_GAP = 8 << 30
+
+
+def attribute_expandable_pools(
+    entries: Sequence[Any], final_segments: Sequence[Any] | None,
+) -> PoolAttribution | None:
+    """Pools of a run recorded under expandable segments (torch 2.11+: private pools map
+    expandable segments too), from where the memory lies.
+
+    Each (pool, stream) maps its pages inside a virtual-address reservation of its own, far
+    from the others. Addresses of mapped segments and allocations are grouped into
+    reservations by those gaps; a reservation holding a surviving private segment of the
+    final snapshot is that pool's, and so is every allocation inside it. None when no
+    private segment survives, or a reservation holds segments of two pools.
+    """
+    owners: list[tuple[int, tuple[int, int]]] = []
+    for seg in final_segments or ():
+        if isinstance(seg, Mapping) and seg.get("is_expandable"):
+            owners.append((int_or_zero(seg.get("address")), pool_id_of_entry(seg)))
+    if not any(pool != DEFAULT_POOL for _, pool in owners):
+        return None
+    points = sorted({a for a, _ in owners} | {
+        int_or_zero(e.get("addr")) for e in entries
+        if isinstance(e, Mapping) and e.get("action") in ("segment_map", "alloc")})
+    starts: list[int] = []  # first address of each reservation-sized group
+    ends: list[int] = []
+    for addr in points:
+        if starts and addr - ends[-1] <= RESERVATION_GAP:
+            ends[-1] = addr
+        else:
+            starts.append(addr)
+            ends.append(addr)
+    group_pool: dict[int, tuple[int, int]] = {}
+    for addr, pool in owners:
+        group = bisect_right(starts, addr) - 1
+        if group_pool.setdefault(group, pool) != pool:
+            return None  # two pools in one reservation: the grouping is wrong, do not guess
+    alloc_pools: dict[int, tuple[int, int]] = {}
+    for idx, e in enumerate(entries):
+        if isinstance(e, Mapping) and e.get("action") == "alloc":
+            pool = group_pool.get(bisect_right(starts, int_or_zero(e.get("addr"))) - 1, DEFAULT_POOL)
+            if pool != DEFAULT_POOL:
+                alloc_pools[idx] = pool
+    if not alloc_pools:
+        return None
+    private = sum(1 for _, pool in owners if pool != DEFAULT_POOL)
+    return PoolAttribution(alloc_pools, {}, private)

@@ -303,7 +303,9 @@ def _pool_attribution(snapshot: Mapping[str, Any], trace: Trace) -> Any:
     # segment then proves nothing
     expandable = settings.expandable_segments
     if expandable and settings.torch_version >= (2, 11):
-        return None
+        from allocconf_widget.core.sim.pools import attribute_expandable_pools
+
+        return attribute_expandable_pools(entries, final)
     slots, div2 = settings.roundup_slots, settings.torch_version >= (2, 4)
     return attribute_pools(entries, final, lambda n: round_size(n, slots, div2),
                            max_split=settings.max_split_bytes, expandable=expandable)

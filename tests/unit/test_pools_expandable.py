@@ -1,0 +1,40 @@
+"""Pools of a run recorded under expandable segments, read from where the memory lies
+(core/sim/pools.attribute_expandable_pools): each pool maps inside its own reservation."""
+
+from __future__ import annotations
+
+from allocconf_widget.core.sim.pools import attribute_expandable_pools
+
+MiB, GiB = 1 << 20, 1 << 30
+DEFAULT_BASE, POOL_BASE = 0x5000000000, 0x5000000000 + 160 * GiB  # two reservations
+
+
+def _entries() -> list[dict]:
+    out: list[dict] = []
+    for base in (DEFAULT_BASE, POOL_BASE):
+        out.append({"action": "segment_map", "addr": base, "size": 20 * MiB, "stream": 0})
+    for k in range(4):
+        out.append({"action": "alloc", "addr": DEFAULT_BASE + k * 4 * MiB, "size": 4 * MiB, "stream": 0})
+        out.append({"action": "alloc", "addr": POOL_BASE + k * 4 * MiB, "size": 4 * MiB, "stream": 0})
+    return out
+
+
+def _segment(address: int, pool: tuple[int, int]) -> dict:
+    return {"address": address, "total_size": 20 * MiB, "is_expandable": True, "device": 0,
+            "stream": 0, "segment_pool_id": pool, "blocks": []}
+
+
+def test_allocations_inside_a_private_pools_reservation_are_that_pools() -> None:
+    entries = _entries()
+    got = attribute_expandable_pools(entries, [_segment(DEFAULT_BASE, (0, 0)), _segment(POOL_BASE, (0, 1))])
+    assert got is not None
+    private = {entries[i]["addr"] for i in got.alloc_pools}
+    assert private == {POOL_BASE + k * 4 * MiB for k in range(4)}
+    assert set(got.alloc_pools.values()) == {(0, 1)}
+
+
+def test_no_surviving_private_segment_or_two_pools_in_one_reservation_gives_up() -> None:
+    entries = _entries()
+    assert attribute_expandable_pools(entries, [_segment(DEFAULT_BASE, (0, 0))]) is None
+    mixed = [_segment(POOL_BASE, (0, 1)), _segment(POOL_BASE + 40 * MiB, (0, 2))]
+    assert attribute_expandable_pools(entries, mixed) is None
