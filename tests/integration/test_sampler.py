@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import _thread
 import json
+import signal
 import subprocess
 import sys
 import textwrap
@@ -167,6 +168,9 @@ def test_a_failing_listener_does_not_stop_sampling():
 
 
 def test_survives_keyboard_interrupt_in_the_main_thread():
+    # Python's own Ctrl-C handler, whatever an earlier test in this process installed (in a
+    # full CI cell one left a handler that swallowed the interrupt)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     sampler = Sampler(interval=0.01).start()
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -177,6 +181,7 @@ def test_survives_keyboard_interrupt_in_the_main_thread():
         assert _wait(lambda: sampler.rounds > rounds + 2)  # still sampling afterwards
     finally:
         sampler.stop()
+        signal.signal(signal.SIGINT, previous)
     assert not _allocconf_threads()
 
 
