@@ -466,8 +466,7 @@ class Engine:
         billionths): the new limit holds from here on, and tells ``empty_cache()`` from
         malloc's own release path as the first limit did."""
         self.rules = self.rules.with_fraction(encoded / FRACTION_SCALE)
-        limits = [x for x in (self.rules.allowed_max, self.rules.usable) if x is not None]
-        self.release_limit = min(limits) if limits else None
+        self.release_limit = _replay_limit(self.rules)
 
     # ------------------------------------------------------------- free lists
     def new_tb(self, ptr: int) -> int:
@@ -752,13 +751,19 @@ def _recorded_limit(trace: Trace, rules: EngineRules) -> int | None:
     reserved more than it allows: then the run was not recorded under it (a what-if
     of a smaller fraction), and the usable device is the limit, if the run fits in it.
     """
-    limits = [x for x in (rules.allowed_max, rules.usable) if x is not None]
-    if not limits:
+    limit = _replay_limit(rules)
+    if limit is None:
         return None
     peak = trace.recorded_reserved_peak()
-    if peak <= min(limits):
-        return min(limits)
+    if peak <= limit:
+        return limit
     return rules.usable if rules.usable is not None and peak <= rules.usable else None
+
+
+def _replay_limit(rules: EngineRules) -> int | None:
+    """The tighter of the fraction limit and the usable device, if either is known."""
+    limits = [x for x in (rules.allowed_max, rules.usable) if x is not None]
+    return min(limits) if limits else None
 
 
 def _state_segment(run: list[Block]) -> StateSegment:

@@ -55,6 +55,8 @@ OP_FREE_REQUESTED = 2  # allocated drops; block stays unusable (record_stream)
 OP_FREE_COMPLETED = 3  # pending block returns to the cache
 OP_OOM = 4  # a recorded OOM: retry the request (size is already rounded)
 OP_EMPTY_CACHE = 5  # torch.cuda.empty_cache() inferred from a release burst (size: see below)
+# 6 is ``limits.OP_SET_LIMIT``: the program changed its memory fraction (size: the fraction
+# in billionths); :mod:`.limits` inserts those rows after decoding.
 #: An ``OP_EMPTY_CACHE`` row's size is 0 when the burst is certainly ``empty_cache()``; otherwise
 #: the reserved bytes the next recorded segment needed (reserved before the burst + its size):
 #: the burst was malloc's OOM path if and only if that did not fit under the recorded limit.
