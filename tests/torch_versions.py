@@ -16,16 +16,17 @@ from pathlib import Path
 import pytest
 
 
-def _installed() -> tuple[int, int] | None:
+def _installed(distribution: str) -> tuple[int, int] | None:
+    """(major, minor) of an installed distribution, from its metadata (never imported)."""
     try:
-        text = importlib.metadata.version("torch")
+        text = importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
     match = re.match(r"(\d+)\.(\d+)", text)
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-TORCH = _installed()
+TORCH = _installed("torch")
 """(major, minor) of the installed torch, or None."""
 TORCH_TEXT = f"{TORCH[0]}.{TORCH[1]}" if TORCH else "none"
 
@@ -80,16 +81,7 @@ NOT_YET_VERSION_AWARE: dict[str, tuple[tuple[int, int], str]] = {}
 IPYTHON_8_ONLY: dict[str, str] = {}
 
 
-def _ipython_version() -> tuple[int, int]:
-    try:
-        text = importlib.metadata.version("ipython")
-    except importlib.metadata.PackageNotFoundError:
-        return (0, 0)
-    match = re.match(r"(\d+)\.(\d+)", text)
-    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
-
-
-IPYTHON = _ipython_version()
+IPYTHON = _installed("ipython") or (0, 0)
 """(major, minor) of the installed IPython."""
 COMPLETION_IS_OURS_ALONE = IPYTHON >= (8, 6)
 """IPython 8.6+ lets a matcher suppress the others, so a ``%allocconf`` line offers only our words.
