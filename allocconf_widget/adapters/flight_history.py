@@ -33,6 +33,8 @@ from types import ModuleType
 from typing import Any
 
 from allocconf_widget.adapters import torch_private
+from allocconf_widget.adapters.fraction_calls import FractionCallLog
+from allocconf_widget.core.sim.limits import FRACTION_CHANGES_KEY
 
 #: Default ring-buffer size. 100k entries is ~80 training steps of a 6-layer transformer
 #: (~1,200 entries per step); the memory bound is in docs/flight.md.
@@ -187,6 +189,9 @@ class FlightHistory:
         self._capture: OomCapture | None = None
         self.capture_errors: list[str] = []
         self.on_capture: list[Callable[[OomCapture], None]] = []
+        # the program's set_per_process_memory_fraction calls while recording: the allocator
+        # writes no trace entry for them, and a what-if of the capture replays them
+        self._fraction_calls = FractionCallLog()
 
     # ------------------------------------------------------------- on / off / status
     def turn_on(self, settings: FlightSettings | None = None) -> FlightStatus:
@@ -220,6 +225,8 @@ class FlightHistory:
             if self.mode is Mode.RECORDING:
                 self._stop_torch()
             self._stop_listening()
+            self._fraction_calls.remove()
+            self._fraction_calls.clear()
             self.mode, self.reason = Mode.OFF, ""
             return self.status()
 
@@ -338,6 +345,7 @@ class FlightHistory:
                               f"torch refused to record history ({text[:200]})")
             return
         self.mode = Mode.RECORDING
+        self._fraction_calls.install(torch)
         if not self._listening:
             attach = (torch_private.attach_oom_listener_during_init if during_init
                       else torch_private.add_oom_listener)
@@ -361,6 +369,7 @@ class FlightHistory:
     def _unsupported(self, reason: str) -> None:
         self.mode, self.reason = Mode.UNSUPPORTED, reason
         self._stop_listening()
+        self._fraction_calls.remove()
 
     def _on_oom(self, device: int, alloc: int, limit: int, device_free: int) -> None:
         """torch's observer (GIL held, allocator lock released): snapshot, never raise."""
@@ -389,6 +398,10 @@ class FlightHistory:
             self.capture_errors.append(f"{type(exc).__name__}: {exc}"[:300])
             return None
         seconds = time.perf_counter() - started
+        fraction_calls = self._fraction_calls.calls()
+        if fraction_calls and isinstance(snapshot, dict):
+            # the replay applies them where they happened (core/sim/limits.py)
+            snapshot[FRACTION_CHANGES_KEY] = fraction_calls
         stats = torch_private.memory_stats(torch, device)
         info = torch_private.mem_get_info(torch, device)
         total = info[1] if info is not None else None

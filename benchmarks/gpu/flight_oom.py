@@ -126,6 +126,7 @@ def main() -> None:
         analysis = flight.analyse(capture)
         v = analysis.verdict
         out.update(events=capture.events, snapshot_s=round(capture.seconds, 4),
+                   fraction_calls=capture.snapshot.get("allocconf_fraction_changes"),
                    fraction=capture.fraction, limit=capture.limit,
                    sites_by=analysis.sites.by, sites=[s.label for s in analysis.sites.sites[:4]],
                    verdict=v.headline if v else analysis.verdict_error,

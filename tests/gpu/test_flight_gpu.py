@@ -52,6 +52,11 @@ def test_the_verdicts_pick_avoids_the_oom_in_a_fresh_process(monitor):
     assert first["oom"], "the workload should run out of memory with torch's defaults"
     assert first["captured"], first["capture_errors"]
     assert first["events"] > 0  # type: ignore[operator]
+    # the script's set_per_process_memory_fraction call, made while recording, is in the
+    # capture, so a replay of it applies the limit where the program set it
+    calls = first["fraction_calls"]
+    assert isinstance(calls, list) and len(calls) == 1, calls
+    assert calls[0]["device"] == 0 and abs(calls[0]["fraction"] - first["fraction"]) < 1e-6
     winner = first["winner"]
     assert winner, first["verdict"]
     assert "no OOM" in str(first["verdict"])
