@@ -10,6 +10,9 @@ setting, so it can be read off the recorded run once:
 * a new segment made while a live segment of the same stream and size class had a free
   gap that would have served the request cannot be in that segment's pool (the
   allocator always reuses a fitting cached block of its own pool first);
+* likewise, a request placed in a free block while another segment of the same stream and
+  size class had a smaller free block that fits was not in that segment's pool (the
+  allocator takes the smallest fitting block of its pool: best fit);
 * segments released together with private ones, when no default segment is released in
   that burst, went with their pool (a ``MemPool`` being destroyed or emptied).
 
@@ -43,6 +46,8 @@ class _Segment:
     stream: int
     small: bool
     blocks: dict[int, int] = field(default_factory=dict)  # live block start -> end
+    starts: list[int] = field(default_factory=list)  # live block starts, sorted
+    gap_at: dict[int, int] = field(default_factory=dict)  # free gap start -> size
     max_gap: int | None = None  # cached, None when blocks changed
 
     def gap(self) -> int:
@@ -54,6 +59,82 @@ class _Segment:
                 pos = self.blocks[b0]
             self.max_gap = max(best, self.end - pos)
         return self.max_gap
+
+
+class _FreeGaps:
+    """The free gaps of every live segment, sorted by size per (stream, size class), kept
+    up to date block by block (a trace has hundreds of thousands of entries).
+
+    Gaps are computed from the live blocks at their rounded sizes; a real block can be up
+    to one slack larger (the allocator does not split off a remainder that small), so a
+    gap is at most ``slack`` larger than the real free block, never smaller.
+    """
+
+    def __init__(self) -> None:
+        self.by_kind: dict[tuple[int, bool], list[tuple[int, int, int]]] = {}
+
+    def _add(self, seg: _Segment, sid: int, pos: int, size: int) -> None:
+        if size > 0:
+            seg.gap_at[pos] = size
+            insort(self.by_kind.setdefault((seg.stream, seg.small), []), (size, pos, sid))
+
+    def _drop(self, seg: _Segment, sid: int, pos: int) -> None:
+        size = seg.gap_at.pop(pos, None)
+        if size is not None:
+            items = self.by_kind[seg.stream, seg.small]
+            i = bisect_left(items, (size, pos, sid))
+            if i < len(items) and items[i] == (size, pos, sid):
+                del items[i]
+
+    def _neighbours(self, seg: _Segment, addr: int) -> tuple[int, int]:
+        """End of the live block before ``addr`` and start of the one after (segment edges)."""
+        p = bisect_left(seg.starts, addr)
+        before = seg.blocks[seg.starts[p - 1]] if p > 0 else seg.start
+        after = seg.starts[p] if p < len(seg.starts) else seg.end
+        return max(before, seg.start), after
+
+    def created(self, seg: _Segment, sid: int) -> None:
+        self._add(seg, sid, seg.start, seg.end - seg.start)
+
+    def released(self, seg: _Segment, sid: int) -> None:
+        for pos in list(seg.gap_at):
+            self._drop(seg, sid, pos)
+
+    def allocated(self, seg: _Segment, sid: int, addr: int, end: int) -> int:
+        """Block ``[addr, end)`` taken; returns the free block it was placed in (its size)."""
+        before, after = self._neighbours(seg, addr)
+        self._drop(seg, sid, before)
+        self._add(seg, sid, before, addr - before)
+        self._add(seg, sid, end, after - end)
+        insort(seg.starts, addr)
+        return after - addr
+
+    def freed(self, seg: _Segment, sid: int, addr: int, end: int) -> None:
+        i = bisect_left(seg.starts, addr)
+        if i < len(seg.starts) and seg.starts[i] == addr:
+            del seg.starts[i]
+        before, after = self._neighbours(seg, addr)
+        self._drop(seg, sid, before)
+        self._drop(seg, sid, end)
+        self._add(seg, sid, before, after - before)
+
+    def smaller_fits(self, kind: tuple[int, bool], r: int, slack: int, hi: int, skip: int,
+                     segs: Sequence[_Segment], limit: int = 8) -> list[int]:
+        """Segments other than ``skip`` with a free block that surely holds ``r`` bytes and is
+        smaller than ``hi`` (at most ``limit``). A gap at the start of its segment is exact (no
+        block before it can be larger than recorded); any other needs ``r + slack``."""
+        items = self.by_kind.get(kind)
+        out: list[int] = []
+        if not items:
+            return out
+        i = bisect_left(items, (r, -1, -1))
+        while i < len(items) and items[i][0] < hi and len(out) < limit:
+            size, pos, sid = items[i]
+            if (sid != skip and sid not in out
+                    and (size >= r + slack or pos == segs[sid].start)):
+                out.append(sid)
+            i += 1
+        return out
 
 
 @dataclass(frozen=True)
@@ -87,6 +168,7 @@ def attribute_pools(
     block_seg: dict[int, int] = {}
     edges: dict[int, set[int]] = {}
     bursts: list[list[int]] = []
+    gaps = _FreeGaps()
     released_at: dict[int, int] = {}
     last_release = -2
     n = len(entries)
@@ -103,15 +185,24 @@ def attribute_pools(
             seg = segs[sid]
             if addr >= seg.end:
                 continue
-            seg.blocks[addr] = min(addr + rounding(int_or_zero(e.get("size"))), seg.end)
+            r = rounding(int_or_zero(e.get("size")))
+            if addr in seg.blocks:  # an alloc without a free before it: keep the first
+                continue
+            end = min(addr + r, seg.end)
+            chosen = gaps.allocated(seg, sid, addr, end)
+            _best_fit_edges(seg, sid, r, chosen, gaps, segs, edges, max_split)
+            seg.blocks[addr] = end
             seg.max_gap = None
             block_seg[addr] = sid
         elif act == "free_completed":
-            sid_or_none = block_seg.pop(int_or_zero(e.get("addr")), None)
+            addr = int_or_zero(e.get("addr"))
+            sid_or_none = block_seg.pop(addr, None)
             if sid_or_none is not None:
                 seg = segs[sid_or_none]
-                seg.blocks.pop(int_or_zero(e.get("addr")), None)
+                end = seg.blocks.pop(addr, None)
                 seg.max_gap = None
+                if end is not None:
+                    gaps.freed(seg, sid_or_none, addr, end)
         elif act == "segment_alloc":
             addr, size = int_or_zero(e.get("addr")), int_or_zero(e.get("size"))
             sid = len(segs)
@@ -135,6 +226,7 @@ def attribute_pools(
                         edges[oid].add(sid)
             insort(live_starts, addr)
             live_id[addr] = sid
+            gaps.created(seg, sid)
         elif act in ("segment_unmap", "segment_map"):
             if not expandable:
                 return None
@@ -144,6 +236,7 @@ def attribute_pools(
             if sid_or_none is None:
                 continue
             del live_starts[bisect_left(live_starts, addr)]
+            gaps.released(segs[sid_or_none], sid_or_none)
             released_at[sid_or_none] = idx
             if last_release == idx - 1 and bursts:
                 bursts[-1].append(sid_or_none)
@@ -178,6 +271,24 @@ def attribute_pools(
         if color.get(sid) == 1:
             release_pools[idx] = private
     return PoolAttribution(alloc_pools, release_pools, sum(1 for c in color.values() if c == 1))
+
+
+def _best_fit_edges(seg: _Segment, sid: int, r: int, chosen: int, gaps: _FreeGaps,
+                    segs: Sequence[_Segment], edges: dict[int, set[int]],
+                    max_split: int | None) -> None:
+    """A request of rounded size ``r`` was placed in a free block of ``chosen`` bytes of
+    ``seg``: best fit took it, so any other segment of its stream and size class holding a
+    smaller block that surely fits (``r <= gap < chosen``) is in another pool."""
+    small = r <= MIB
+    if seg.small != small:
+        return
+    slack = 512 if small else MIB
+    if chosen <= r:
+        return  # an exact fit: no smaller block could have been preferred
+    hi = chosen if max_split is None or small else min(chosen, max_split)
+    for other in gaps.smaller_fits((seg.stream, small), r, slack, hi, sid, segs):
+        edges[sid].add(other)
+        edges[other].add(sid)
 
 
 def _next_alloc(entries: Sequence[Any], idx: int, n: int) -> int | None:
