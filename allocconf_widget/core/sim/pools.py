@@ -199,10 +199,9 @@ def attribute_pools(
             sid_or_none = block_seg.pop(addr, None)
             if sid_or_none is not None:
                 seg = segs[sid_or_none]
-                end = seg.blocks.pop(addr, None)
+                if addr in seg.blocks:
+                    gaps.freed(seg, sid_or_none, addr, seg.blocks.pop(addr))
                 seg.max_gap = None
-                if end is not None:
-                    gaps.freed(seg, sid_or_none, addr, end)
         elif act == "segment_alloc":
             addr, size = int_or_zero(e.get("addr")), int_or_zero(e.get("size"))
             sid = len(segs)
