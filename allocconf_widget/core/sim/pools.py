@@ -48,17 +48,6 @@ class _Segment:
     blocks: dict[int, int] = field(default_factory=dict)  # live block start -> end
     starts: list[int] = field(default_factory=list)  # live block starts, sorted
     gap_at: dict[int, int] = field(default_factory=dict)  # free gap start -> size
-    max_gap: int | None = None  # cached, None when blocks changed
-
-    def gap(self) -> int:
-        if self.max_gap is None:
-            pos = self.start
-            best = 0
-            for b0 in sorted(self.blocks):
-                best = max(best, b0 - pos)
-                pos = self.blocks[b0]
-            self.max_gap = max(best, self.end - pos)
-        return self.max_gap
 
 
 class _FreeGaps:
@@ -70,18 +59,30 @@ class _FreeGaps:
     gap is at most ``slack`` larger than the real free block, never smaller.
     """
 
+    #: more free gaps than this at once is no notebook's trace (a hostile file could make
+    #: every insertion move them all): the evidence is then no longer gathered (the other
+    #: rules still apply)
+    LIMIT = 8192
+
     def __init__(self) -> None:
         self.by_kind: dict[tuple[int, bool], list[tuple[int, int, int]]] = {}
+        self.count = 0
+        self.on = True
 
     def _add(self, seg: _Segment, sid: int, pos: int, size: int) -> None:
         if size > 0:
             seg.gap_at[pos] = size
             insort(self.by_kind.setdefault((seg.stream, seg.small), []), (size, pos, sid))
+            self.count += 1
+            if self.count > self.LIMIT:
+                self.on = False
+                self.by_kind.clear()
 
     def _drop(self, seg: _Segment, sid: int, pos: int) -> None:
         size = seg.gap_at.pop(pos, None)
         if size is not None:
-            items = self.by_kind[seg.stream, seg.small]
+            self.count -= 1
+            items = self.by_kind.get((seg.stream, seg.small), [])
             i = bisect_left(items, (size, pos, sid))
             if i < len(items) and items[i] == (size, pos, sid):
                 del items[i]
@@ -107,6 +108,9 @@ class _FreeGaps:
         self._add(seg, sid, before, addr - before)
         self._add(seg, sid, end, after - end)
         insort(seg.starts, addr)
+        if len(seg.starts) > self.LIMIT:  # as many live blocks in one segment: the same
+            self.on = False
+            self.by_kind.clear()
         return after - addr
 
     def freed(self, seg: _Segment, sid: int, addr: int, end: int) -> None:
@@ -128,12 +132,12 @@ class _FreeGaps:
         if not items:
             return out
         i = bisect_left(items, (r, -1, -1))
-        while i < len(items) and items[i][0] < hi and len(out) < limit:
-            size, pos, sid = items[i]
+        for size, pos, sid in items[i:i + 8 * limit]:  # a bounded look: evidence is optional
+            if size >= hi or len(out) >= limit:
+                break
             if (sid != skip and sid not in out
                     and (size >= r + slack or pos == segs[sid].start)):
                 out.append(sid)
-            i += 1
         return out
 
 
@@ -189,19 +193,19 @@ def attribute_pools(
             if addr in seg.blocks:  # an alloc without a free before it: keep the first
                 continue
             end = min(addr + r, seg.end)
-            chosen = gaps.allocated(seg, sid, addr, end)
-            _best_fit_edges(seg, sid, r, chosen, gaps, segs, edges, max_split)
+            if gaps.on:
+                chosen = gaps.allocated(seg, sid, addr, end)
+                _best_fit_edges(seg, sid, r, chosen, gaps, segs, edges, max_split)
             seg.blocks[addr] = end
-            seg.max_gap = None
             block_seg[addr] = sid
         elif act == "free_completed":
             addr = int_or_zero(e.get("addr"))
             sid_or_none = block_seg.pop(addr, None)
             if sid_or_none is not None:
                 seg = segs[sid_or_none]
-                if addr in seg.blocks:
-                    gaps.freed(seg, sid_or_none, addr, seg.blocks.pop(addr))
-                seg.max_gap = None
+                end = seg.blocks.pop(addr, seg.end)
+                if gaps.on:
+                    gaps.freed(seg, sid_or_none, addr, end)
         elif act == "segment_alloc":
             addr, size = int_or_zero(e.get("addr")), int_or_zero(e.get("size"))
             sid = len(segs)
@@ -209,23 +213,20 @@ def attribute_pools(
             segs.append(seg)
             edges[sid] = set()
             request = _next_alloc(entries, idx, n)
-            if request is not None:
+            if request is not None and gaps.on:
+                # a cached block that fits would have been reused: those segments are another
+                # pool's (with max_split_size, an oversize block serves no smaller request)
                 r = rounding(request)
                 small = r <= MIB
-                slack = 512 if small else MIB
-                for other_start in live_starts:
-                    oid = live_id[other_start]
-                    other = segs[oid]
-                    if other.stream != seg.stream or other.small != small:
-                        continue
-                    if max_split is not None and not small and other.gap() >= max_split:
-                        continue
-                    if other.gap() - slack >= r:
-                        edges[sid].add(oid)
-                        edges[oid].add(sid)
+                hi = max_split if max_split is not None and not small else 1 << 62
+                for oid in gaps.smaller_fits((seg.stream, small), r, 512 if small else MIB,
+                                             hi, sid, segs):
+                    edges[sid].add(oid)
+                    edges[oid].add(sid)
             insort(live_starts, addr)
             live_id[addr] = sid
-            gaps.created(seg, sid)
+            if gaps.on:
+                gaps.created(seg, sid)
         elif act in ("segment_unmap", "segment_map"):
             if not expandable:
                 return None
@@ -235,7 +236,8 @@ def attribute_pools(
             if sid_or_none is None:
                 continue
             del live_starts[bisect_left(live_starts, addr)]
-            gaps.released(segs[sid_or_none], sid_or_none)
+            if gaps.on:
+                gaps.released(segs[sid_or_none], sid_or_none)
             released_at[sid_or_none] = idx
             if last_release == idx - 1 and bursts:
                 bursts[-1].append(sid_or_none)
