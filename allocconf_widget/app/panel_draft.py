@@ -62,7 +62,8 @@ class DraftStatus:
 
     @property
     def can_apply(self) -> bool:
-        return self.error is None
+        """Valid and different from what is applied (Apply on "No changes" would do nothing)."""
+        return self.error is None and self.has_changes
 
 
 class PanelModel:

@@ -248,6 +248,10 @@ class SimulationRequest:
     fraction: float | None = None  # torch.cuda.set_per_process_memory_fraction in force
     continue_after_oom: bool = False
     workers: int | None = None
+    #: the settings the caller's kernel runs (the magic passes the session's): the ranked rows
+    #: compare with them and the recording's own settings get a "[recorded]" row; None (the
+    #: CLI, which has no kernel): the recording's settings are current
+    current_conf: str | None = None
 
 
 @dataclass(frozen=True)
@@ -359,13 +363,23 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
     if request.rank:
         from allocconf_widget.core.sim.recommend import recommend
 
-        rec = recommend(trace, torch_version=version, current_settings=recorded,
-                        current_conf=recorded.describe(), device_total=device_total,
-                        non_pytorch_bytes=non_pytorch, fraction=fraction,
-                        extra_confs=_checked_confs(request.confs, version, notes),
-                        workers=request.workers)
-        rows = tuple(SimulationRow((c.conf or "(torch defaults)") + (" [current]" if c.is_current else ""),
-                                   c.conf, c.result, c.reason, c.is_current, rank)
+        extra = _checked_confs(request.confs, version, notes)
+        if request.current_conf is None:
+            described = recorded.describe()
+            rec = recommend(trace, torch_version=version, current_settings=recorded,
+                            current_conf="" if described == "(defaults)" else described,
+                            device_total=device_total,
+                            non_pytorch_bytes=non_pytorch, fraction=fraction,
+                            extra_confs=extra, workers=request.workers)
+        else:  # the kernel's settings are "current"; the recording's keep a row of their own
+            current, kernel_note = kernel_settings(request.current_conf, version)
+            if kernel_note:
+                notes.append(kernel_note)
+            rec = recommend(trace, torch_version=version, current_settings=current,
+                            current_conf=request.current_conf, recorded_settings=recorded,
+                            device_total=device_total, non_pytorch_bytes=non_pytorch,
+                            fraction=fraction, extra_confs=extra, workers=request.workers)
+        rows = tuple(SimulationRow(_row_label(c), c.conf, c.result, c.reason, c.is_current, rank)
                      for rank, c in enumerate(rec.candidates, 1))
         notes.extend(n for n in rec.notes if not n.startswith("the replays start from")
                      and n != trace.initial_note and not n.startswith("the trace is partial"))
@@ -389,6 +403,13 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
         rows = (SimulationRow(f"recorded: {recorded.describe()}", recorded.label or "",
                               results[0].with_fidelity(fidelity), is_current=True),)
     return dataclasses.replace(head, fidelity=fidelity, rows=rows, notes=tuple(notes))
+
+
+def _row_label(candidate: Any) -> str:
+    label = candidate.conf or "(torch defaults)"
+    if candidate.is_current:
+        return label + " [current]"
+    return label + " [recorded]" if candidate.kind == "recorded" else label
 
 
 def _checked_confs(confs: tuple[str, ...], version: TorchVersion, notes: list[str]) -> list[str]:
@@ -442,6 +463,20 @@ class RowApply:
         text = "Apply will " + " and ".join(parts)
         if self.kept:
             text += f"; keeps {', '.join(self.kept)} (the replay does not model them)"
+        return text
+
+    def done(self) -> str:
+        """The same sentence once applied: what was set and what was unset."""
+        if not self.changes:
+            return "This kernel already ran these settings: nothing changed"
+        parts = []
+        if self.sets:
+            parts.append("Set " + ", ".join(self.sets))
+        if self.unsets:
+            parts.append(("unset " if parts else "Unset ") + ", ".join(self.unsets))
+        text = " and ".join(parts)
+        if self.kept:
+            text += f"; kept {', '.join(self.kept)} (the replay does not model them)"
         return text
 
 

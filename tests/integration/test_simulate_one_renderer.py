@@ -13,6 +13,7 @@ pytest.importorskip("IPython")
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 TRACE = DATA / "cnn__expandable.pickle.gz"
+DEFAULTS = DATA / "cnn__default.pickle.gz"
 
 
 @pytest.fixture
@@ -34,16 +35,33 @@ def _table(text: str) -> str:
 
 
 def test_cli_and_magic_print_the_same_simulation(ip, capsys):
-    cli = subprocess.run([sys.executable, "-m", "allocconf_widget", "simulate", str(TRACE), "--recommend",
-                          "--workers", "1"], capture_output=True, text=True, timeout=300, check=False)
+    # the CLI has no kernel: the recording's settings are "current"; the magic compares with
+    # what its kernel runs: torch's defaults here, as in this recording
+    cli = subprocess.run([sys.executable, "-m", "allocconf_widget", "simulate", str(DEFAULTS),
+                          "--recommend", "--workers", "1"],
+                         capture_output=True, text=True, timeout=300, check=False)
     assert cli.returncode == 0, cli.stderr
-    ip.run_line_magic("allocconf", f"simulate {TRACE}")
+    ip.run_line_magic("allocconf", f"simulate {DEFAULTS}")
     magic = capsys.readouterr().out
     assert "why:" in magic and "peak reserved" in magic
     assert _table(magic) == _table(cli.stdout)
     # the torch release was inferred the same way, and both say so
     assert "reproduce this trace best" in cli.stderr
     assert "reproduce this trace best" in magic
+
+
+def test_magic_simulate_compares_with_what_this_kernel_runs(ip, capsys):
+    """The recording ran with expandable segments; this kernel runs max_split_size_mb:256.
+    "[current]" is the kernel's (as in the What if? tab), the recording's gets "[recorded]",
+    and every reason compares with the kernel's settings."""
+    ip.run_line_magic("allocconf", "set max_split_size_mb:256")
+    ip.run_line_magic("allocconf", "apply --no-save")
+    capsys.readouterr()
+    ip.run_line_magic("allocconf", f"simulate {TRACE}")
+    out = capsys.readouterr().out
+    assert "max_split_size_mb:256 [current]" in out
+    assert "expandable_segments:True [recorded]" in out
+    assert "expandable_segments:True [current]" not in out
 
 
 def test_magic_simulate_reports_bad_extra_settings_as_a_usage_error(ip):

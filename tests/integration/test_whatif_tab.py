@@ -69,6 +69,9 @@ def test_row_apply_says_what_changes_waits_for_a_yes_and_answers_under_the_row()
     row.yes.click()
     assert os.environ[VAR] == f"max_split_size_mb:128{KEPT}"
     assert row.result.value.startswith("<b>Applied max_split_size_mb:128.</b>")
+    # said in the past tense, now that it happened
+    assert "Set max_split_size_mb:128 and unset roundup_power2_divisions:8" in row.result.value
+    assert "Apply will" not in row.result.value
     assert row.confirm.layout.display == "none"
     others = [r.result for r in view._rows if r is not row]
     assert others == [None] * len(others)  # the outcome is next to the row clicked, nowhere else
@@ -141,3 +144,30 @@ def test_rows_the_kernels_torch_cannot_take_are_not_offered_and_a_note_says_whic
         assert not any("expandable_segments" in c for c in offered)
     assert offered and "max_split_size_mb:256" in offered  # the rows every release takes remain
     view.close()
+
+
+def test_the_settings_tab_shows_an_apply_made_in_this_tab():
+    """The Settings tab's message under Apply follows the session: after an Apply here, its
+    earlier "Applied. max_split_size_mb …" would contradict the rows right above it."""
+    from allocconf_widget.views.widgets.panel import Panel
+
+    session = Session()
+    panel = Panel(session)
+    panel._rows["max_split_size_mb"].enabled.value = True
+    panel._rows["max_split_size_mb"].editor.children[1].value = "512"
+    panel._apply_clicked(None)
+    first = panel.result.value
+    assert "Applied." in first and "max_split_size_mb" in first
+    assert "Saved for this project to" in first  # the panel saves, as the magic does: say so
+    assert panel.apply_button.disabled  # "No changes to apply": nothing for Apply to do
+    view = WhatIfView(session)
+    view.run()
+    row = _row(view, "")  # back to torch's defaults, from the What if? tab
+    row.apply.click()
+    row.yes.click()
+    assert os.environ.get(VAR) in (None, "")
+    shown = panel.result.value
+    assert shown != first
+    assert "max_split_size_mb: 512 → unset" in shown or "512 → unset" in shown, shown
+    view.close()
+    panel.close()

@@ -77,8 +77,11 @@ def run_simulate(args: argparse.Namespace, ctx: Any) -> Any:
     from allocconf_widget.views.text.simulate import render_simulation
 
     try:
+        # "current" is what this kernel runs, as in the What if? tab (one session state)
+        current = str(ctx.session.view().effective.to_string())
         report = simulate(trace_source(ctx.session, args.trace, args.demo),
-                          SimulationRequest(confs=tuple(args.conf), rank=True, fraction=args.fraction))
+                          SimulationRequest(confs=tuple(args.conf), rank=True, fraction=args.fraction,
+                                            current_conf=current))
     except SnapshotError as exc:
         raise RuntimeStateError(str(exc)) from None
     print(render_simulation(report), end="")

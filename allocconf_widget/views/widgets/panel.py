@@ -92,6 +92,7 @@ class Panel:
         self.widget = W.VBox([self.tabs])
         self.widget.add_class("allocconf-panel")
         self.whatif: Any = None  # the What if? tab's view, built when first opened
+        self._shown_apply = session.last_apply  # an apply from before the panel is not news
         self._unsubscribe = session.subscribe(self._session_changed)
         self._refresh_status()
 
@@ -126,12 +127,23 @@ class Panel:
                 self.result.value = (f"<span style='color:#b00020'>✖ torch refused the settings: "
                                      f"{html.escape(str(exc).splitlines()[0])}</span>")
                 return
-            lines = [html.escape(line) for line in result.summary().splitlines()]
-            saved = self.model.session.last_save
-            if saved is not None and not saved.saved:
-                lines.append(f"<span style='color:#b00020'>⚠ {html.escape(saved.message())}</span>")
-            self.result.value = "<b>Applied.</b><br>" + "<br>".join(lines)
-            # the rows, string and banner were re-rendered by the session's notification
+            del result  # the session's notification rendered it, with the rows and banner
+
+    def _show_last_apply(self) -> None:
+        """The session's last apply, whoever made it (this tab, the What if? tab, the magic):
+        a message about an earlier apply would contradict the rows above it."""
+        session = self.model.session
+        result = session.last_apply
+        if result is None or result is self._shown_apply:
+            return
+        self._shown_apply = result
+        lines = [html.escape(line) for line in result.summary().splitlines()]
+        saved = session.last_save
+        if saved is not None:
+            style = "" if saved.saved else " style='color:#b00020'"
+            mark = "" if saved.saved else "⚠ "
+            lines.append(f"<span{style}>{mark}{html.escape(saved.message())}</span>")
+        self.result.value = "<b>Applied.</b><br>" + "<br>".join(lines)
 
     def _restart_clicked(self, _button: Any) -> None:
         from allocconf_widget.adapters.frontend import restart
@@ -184,6 +196,7 @@ class Panel:
                 row.show(self.model.draft.get(name))
             self.banner.value = self.model.banner_html()
             self._refresh_status()
+            self._show_last_apply()
 
     def _tab_changed(self, change: Any) -> None:
         index = change["new"]

@@ -356,7 +356,7 @@ class WhatIfView:
             return None
         lines = "<br>".join(html.escape(line) for line in result.summary().splitlines())
         if row is not None:
-            self._say(row, f"<b>Applied {shown}.</b> {html.escape(plan.describe())}.<br>{lines}")
+            self._say(row, f"<b>Applied {shown}.</b> {html.escape(plan.done())}.<br>{lines}")
         return result
 
     # -- the Session changed (an Apply here, in the Settings tab or by the magic) ----------
