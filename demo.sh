@@ -3,7 +3,8 @@
 #
 # Works on a machine without a GPU (the monitor, report and what-if parts replay a
 # bundled real H200 recording). Creates .venv on first use; later runs start at once.
-#   ./demo.sh                 # then open the printed http://127.0.0.1:8888/lab?token=... URL
+#   ./demo.sh                 # opens a browser; else open the printed
+#                             # http://127.0.0.1:8888/lab/tree/notebooks/quickstart.ipynb?token=... URL
 #   ./demo.sh --port 9999     # extra arguments go to `jupyter lab`
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
@@ -23,7 +24,8 @@ if ! "$VENV/bin/python" -c "import allocconf_widget, jupyterlab, anywidget" 2>/d
     echo "Installing allocconf_widget and JupyterLab (first run only) ..."
     "$VENV/bin/python" -m pip install -q -e '.[demo]'
 fi
-args=(--ip=127.0.0.1 --ServerApp.root_dir="$PWD")
+# default_url: the URL JupyterLab prints opens the demo notebook, not the Launcher
+args=(--ip=127.0.0.1 --ServerApp.root_dir="$PWD" --LabApp.default_url=/lab/tree/notebooks/quickstart.ipynb)
 [ "$(id -u)" = 0 ] && args+=(--allow-root)
 echo "Starting JupyterLab on notebooks/quickstart.ipynb (Ctrl-C twice to stop) ..."
 exec "$VENV/bin/jupyter" lab "${args[@]}" notebooks/quickstart.ipynb "$@"
