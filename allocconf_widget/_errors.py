@@ -48,7 +48,7 @@ class AllocConfError(ValueError):
         fix = printable(fix) if fix else fix
         text = message
         if position is not None:
-            text = f"{text} (at character {position})"
+            text = f"{text} (at character {position + 1})"  # counted from 1, as people count
         if fix:
             text = f"{text}. Fix: {fix}"
         super().__init__(text)

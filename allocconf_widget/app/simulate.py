@@ -35,6 +35,42 @@ class TraceSource:
     device_total: int | None = None
     non_pytorch_bytes: int | None = 0  # None: estimate it from the trace (core/sim/capacity.py)
     device: int | None = None  # CUDA device whose trace to use (None: the one with a trace)
+    notes: tuple[str, ...] = ()  # where facts came from (a recording's sidecar), for the report
+
+
+def file_source(path: str, *, torch_version: TorchVersion | None = None,
+                device_total: int | None = None, non_pytorch_bytes: int | None = None,
+                device: int | None = None) -> TraceSource:
+    """A snapshot file, with what its recording's sidecar knows (``<name>.json`` beside it:
+    the device's memory and the torch it ran) where the caller does not say it. The CLI and
+    ``%allocconf simulate FILE`` both come here, so both replay a file the same way.
+
+    Raises:
+        SnapshotError: the file cannot be read safely or is not a snapshot.
+    """
+    from allocconf_widget.core.memory.recording import sidecar_facts
+    from allocconf_widget.core.memory.snapshot import load_snapshot
+    from allocconf_widget.core.units import format_bytes
+
+    snapshot = load_snapshot(path)
+    notes: list[str] = []
+    known = sidecar_facts(path) if device_total is None or torch_version is None else None
+    if known is not None:
+        used = []
+        if device_total is None:
+            device_total = known.device_total_bytes
+            if non_pytorch_bytes is None:
+                non_pytorch_bytes = known.non_pytorch_bytes
+            used.append(f"device capacity {format_bytes(device_total or 0)} (--device-total)")
+        if torch_version is None and known.torch_version:
+            torch_version = _release(known.torch_version)
+            if torch_version is not None:
+                used.append(f"torch {known.torch_version} (--torch-version)")
+        if used:
+            notes.append(f"from the recording's sidecar {known.path.name}: {' and '.join(used)}; "
+                         "the option in brackets overrides it")
+    return TraceSource(snapshot, path, torch_version, device_total, non_pytorch_bytes, device,
+                       tuple(notes))
 
 
 @dataclass(frozen=True)
@@ -101,9 +137,7 @@ def _non_pytorch(source: TraceSource, trace: Any, notes: list[str]) -> int:
 def trace_source(session: Any, path: str | None = None, demo: bool = False) -> TraceSource:
     """A file, the session's last ``%%allocconf record``, or the bundled recording."""
     if path:
-        from allocconf_widget.core.memory.snapshot import load_snapshot
-
-        return TraceSource(load_snapshot(path), path, None)
+        return file_source(path)
     rec = session.extras.get(RECORDING_KEY)
     if rec is not None and rec.snapshot is not None and not demo:
         # Memory in use when recording started, less what the allocator already held (the
@@ -317,7 +351,7 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
     from allocconf_widget.core.units import format_bytes
 
     trace = extract_trace(source.snapshot, source.device)
-    notes: list[str] = []
+    notes: list[str] = list(source.notes)
     device_total, non_pytorch = source.device_total, _non_pytorch(source, trace, notes)
     fraction = request.fraction
     if fraction is not None and not 0.0 <= fraction <= 1.0:

@@ -150,6 +150,19 @@ def test_show_reports_state_requested_and_saved(ip, capsys):
     assert f"Requested: {OPT}" in out
     assert "Saved:" in out and "this project's saved settings" in out and "projects" in out
     assert info["readback"] is None  # no GPU: nothing live to read back
+    if info["state"].phase.name == "NO_CUDA":  # a CPU build: it never will be readable
+        assert "Effective: none: this torch build has no CUDA" in out
+        assert "not readable yet" not in out
+    else:  # torch not imported yet, or a CUDA build without a GPU here
+        assert "Effective: not readable yet" in out
+
+
+def test_show_on_a_cpu_build_says_no_allocator_reads_the_settings(ip, capsys):
+    if not _cpu_build():
+        pytest.skip("needs a CPU-only torch build (the CUDA builds of the torch cells are not)")
+    ip.run_cell("import torch")
+    _, out = magic(ip, "show", capsys)
+    assert "Effective: none: this torch build has no CUDA" in out
 
 
 def test_restart_in_a_terminal_shell_only_explains(ip, capsys):
@@ -310,3 +323,13 @@ def test_a_pasted_variable_assignment_is_staged_as_its_value(ip, capsys):
     assert "dropped the variable name PYTORCH_CUDA_ALLOC_CONF=" in out
     with pytest.raises(UsageError, match="did you mean max_split_size_mb"):
         ip.run_line_magic("allocconf", "set max_split_size=128")
+
+
+def _cpu_build() -> bool:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return torch.version.cuda is None

@@ -45,9 +45,27 @@ def test_cli_and_magic_print_the_same_simulation(ip, capsys):
     magic = capsys.readouterr().out
     assert "why:" in magic and "peak reserved" in magic
     assert _table(magic) == _table(cli.stdout)
-    # the torch release was inferred the same way, and both say so
+    # the recording's sidecar gave both the device and the torch release, and both say so
+    sidecar = "from the recording's sidecar cnn__default.json: device capacity 139.80 GiB"
+    assert sidecar in cli.stderr and sidecar in magic
+    assert "torch 2.11; device: 139.80 GiB" in magic
+
+
+def test_without_a_sidecar_both_infer_the_release_the_same_way(ip, capsys, tmp_path):
+    import shutil
+
+    alone = tmp_path / "alone.pickle.gz"  # the snapshot without its recording's sidecar
+    shutil.copy(DEFAULTS, alone)
+    cli = subprocess.run([sys.executable, "-m", "allocconf_widget", "simulate", str(alone),
+                          "--recommend", "--workers", "1"],
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert cli.returncode == 0, cli.stderr
+    ip.run_line_magic("allocconf", f"simulate {alone}")
+    magic = capsys.readouterr().out
+    assert _table(magic) == _table(cli.stdout)
     assert "reproduce this trace best" in cli.stderr
     assert "reproduce this trace best" in magic
+    assert "from the recording's sidecar" not in cli.stderr + magic
 
 
 def test_magic_simulate_compares_with_what_this_kernel_runs(ip, capsys):

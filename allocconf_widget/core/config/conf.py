@@ -185,7 +185,7 @@ def _check_single_value(name: str, value: str, version: TorchVersion) -> None:
         tokenize(value, version)  # invisible characters and glued words, placed in the value
     except AllocConfError as exc:
         raise AllocConfError(f"in the value of {name}: {exc.reason}" + (
-            f" (at character {exc.position} of the value)" if exc.position is not None else ""),
+            f" (at character {exc.position + 1} of the value)" if exc.position is not None else ""),
             option=name, fix=exc.fix) from None
     depth = 0
     for index, char in enumerate(value):

@@ -318,6 +318,46 @@ def load_recording(
     return recording_from_dict(meta, path.stem, snapshot_path)
 
 
+#: a recording's sidecar is a few hundred KiB at most (its timeline); more is not ours
+SIDECAR_MAX_BYTES = 8 << 20
+
+
+@dataclass(frozen=True)
+class SidecarFacts:
+    """What a recording's JSON sidecar tells a replay of its snapshot: the device, the torch."""
+
+    path: Path
+    device_total_bytes: int | None
+    non_pytorch_bytes: int | None
+    torch_version: str | None
+
+
+def sidecar_facts(snapshot_path: str | os.PathLike[str]) -> SidecarFacts | None:
+    """``<name>.json`` beside ``<name>.pickle[.gz]``, if it is a recording that knows the device.
+
+    Optional and untrusted: a missing, oversized, malformed or unrelated file gives None
+    (the caller then works as without it), never an error.
+    """
+    path = Path(snapshot_path)
+    stem = path.name
+    for suffix in (".pickle.gz", ".pickle", ".gz"):
+        if stem.endswith(suffix):
+            stem = stem[: -len(suffix)]
+            break
+    sidecar = path.with_name(stem + ".json")
+    try:
+        if not sidecar.is_file() or sidecar.stat().st_size > SIDECAR_MAX_BYTES:
+            return None
+        meta = json.loads(sidecar.read_text(encoding="utf-8"))
+        rec = recording_from_dict(meta, stem)
+    except (OSError, ValueError, RecursionError, SnapshotError, TypeError):
+        return None
+    total = rec.device_total_bytes
+    if total is None or total <= 0:
+        return None
+    return SidecarFacts(sidecar, total, rec.non_pytorch_bytes, rec.torch_version)
+
+
 def load_demo() -> Recording:
     """The bundled real recording (a CNN on an H200) used when no GPU is available."""
     data = resources.files("allocconf_widget").joinpath("data")

@@ -99,8 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from allocconf_widget.app.simulate import SimulationRequest, TraceSource, simulate
-    from allocconf_widget.core.memory.snapshot import load_snapshot
+    from allocconf_widget.app.simulate import SimulationRequest, file_source, simulate
     from allocconf_widget.core.versions import simulated_release
     from allocconf_widget.views.text.simulate import render_simulation
 
@@ -113,8 +112,8 @@ def _run(args: argparse.Namespace) -> int:
         except AllocConfError as exc:
             raise _BadInputError(f"--torch-version: {exc}") from None
     try:
-        snapshot = load_snapshot(path)
-        source = TraceSource(snapshot, str(path), version, device_total, non_pytorch, args.device)
+        source = file_source(str(path), torch_version=version, device_total=device_total,
+                             non_pytorch_bytes=non_pytorch, device=args.device)
         report = simulate(source, SimulationRequest(
             confs=tuple(args.conf or ()), rank=args.recommend, fraction=args.fraction,
             continue_after_oom=args.continue_after_oom, workers=args.workers))

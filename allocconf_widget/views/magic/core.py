@@ -88,7 +88,10 @@ def run_show(_args: argparse.Namespace, ctx: Any) -> dict[str, Any]:
     for problem in state.env.problems:
         print(f"  problem: {problem}")
     check = read_back(current, state=state)
-    if check is None:
+    if check is None and state.phase.name == "NO_CUDA":
+        print("Effective: none: this torch build has no CUDA, so no CUDA allocator reads them "
+              "(they are checked against its rules all the same)")
+    elif check is None:
         print("Effective: not readable yet: torch reads the settings when CUDA starts")
     else:
         print(f"Effective: {check.summary()}")

@@ -66,13 +66,21 @@ def _settings_line(snapshot: Snapshot) -> str:
     return "allocator settings: " + ", ".join(f"{k}={v}" for k, v in shown.items())
 
 
+def _devices_line(devices: Any) -> str:
+    """"device 0" (a count of 0 would read as "no devices"), "devices 0, 1", or none."""
+    names = [str(d) for d in devices]
+    if not names:
+        return "no device held memory"
+    return ("device " if len(names) == 1 else "devices ") + ", ".join(names)
+
+
 def render_report(report: MemoryReport, show_segments: bool = False) -> str:
     """The human-readable report: the same table for a file (CLI) and the live allocator (magic)."""
     snapshot, per_device = report.snapshot, report.per_device
     history = "recorded" if has_trace(snapshot) else "not recorded"
     lines = [
         report.label,
-        f"devices: {', '.join(map(str, devices_in(snapshot))) or 'none'}; "
+        f"{_devices_line(devices_in(snapshot))}; "
         f"allocation history: {history}",
         _settings_line(snapshot),
     ]
