@@ -33,8 +33,37 @@ def test_allocations_inside_a_private_pools_reservation_are_that_pools() -> None
     assert set(got.alloc_pools.values()) == {(0, 1)}
 
 
-def test_no_surviving_private_segment_or_two_pools_in_one_reservation_gives_up() -> None:
+def test_two_pools_in_one_reservation_gives_up() -> None:
     entries = _entries()
-    assert attribute_expandable_pools(entries, [_segment(DEFAULT_BASE, (0, 0))]) is None
     mixed = [_segment(POOL_BASE, (0, 1)), _segment(POOL_BASE + 40 * MiB, (0, 2))]
     assert attribute_expandable_pools(entries, mixed) is None
+
+
+def test_a_reservation_that_lived_beside_the_defaults_is_a_lost_private_pool() -> None:
+    # A MemPool destroyed before the end leaves no segment in the final snapshot. Its
+    # reservation was mapped while the default pool's reservation of the same stream and size
+    # class existed, and a pool keeps one reservation per stream and class: so it is another
+    # pool's. Its unmapping (the pool destroyed) releases that pool.
+    from allocconf_widget.core.sim.pools import INFERRED_POOL
+
+    entries = [*_entries(), {"action": "segment_unmap", "addr": POOL_BASE, "size": 20 * MiB, "stream": 0}]
+    got = attribute_expandable_pools(entries, [_segment(DEFAULT_BASE, (0, 0))])
+    assert got is not None
+    assert {entries[i]["addr"] for i in got.alloc_pools} == {POOL_BASE + k * 4 * MiB for k in range(4)}
+    assert set(got.alloc_pools.values()) == {INFERRED_POOL}
+    assert got.release_pools == {len(entries) - 1: INFERRED_POOL}
+
+
+def test_the_default_pools_earlier_reservation_stays_the_defaults() -> None:
+    # empty_cache() unmapped the default pool's reservation wholly; the next allocation made a
+    # new one elsewhere. The old one did not live beside the new one: nothing proves it private.
+    old = DEFAULT_BASE + 320 * GiB
+    entries = [
+        {"action": "segment_map", "addr": old, "size": 20 * MiB, "stream": 0},
+        {"action": "alloc", "addr": old, "size": 4 * MiB, "stream": 0},
+        {"action": "free_completed", "addr": old, "size": 4 * MiB, "stream": 0},
+        {"action": "segment_unmap", "addr": old, "size": 20 * MiB, "stream": 0},
+        {"action": "segment_map", "addr": DEFAULT_BASE, "size": 20 * MiB, "stream": 0},
+        {"action": "alloc", "addr": DEFAULT_BASE, "size": 4 * MiB, "stream": 0},
+    ]
+    assert attribute_expandable_pools(entries, [_segment(DEFAULT_BASE, (0, 0))]) is None

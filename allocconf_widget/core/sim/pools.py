@@ -372,21 +372,27 @@ def attribute_expandable_pools(
     """Pools of a run recorded under expandable segments (torch 2.11+: private pools map
     expandable segments too), from where the memory lies.
 
-    Each (pool, stream) maps its pages inside a virtual-address reservation of its own, far
-    from the others. Addresses of mapped segments and allocations are grouped into
-    reservations by those gaps; a reservation holding a surviving private segment of the
-    final snapshot is that pool's, and so is every allocation inside it. None when no
-    private segment survives, or a reservation holds segments of two pools.
+    Each (pool, stream, size class) maps its pages inside a virtual-address reservation of
+    its own, far from the others, and keeps it until it is wholly unmapped (a reservation
+    covers 9/8 of the device: it never runs out). Addresses of mapped segments and
+    allocations are grouped into reservations by those gaps. A reservation holding a
+    surviving segment of the final snapshot is that segment's pool's. One that does not, but
+    lived while the default pool's reservation of its stream and size class did, cannot be
+    the default pool's: it is a private pool's (a ``MemPool`` destroyed before the end).
+    Every allocation inside a private reservation gets that pool, and its unmapping releases
+    the pool. None when no reservation is a private pool's, or one holds two pools.
     """
-    owners: list[tuple[int, tuple[int, int]]] = []
+    owners: list[tuple[int, tuple[int, int], bool]] = []
     for seg in final_segments or ():
         if isinstance(seg, Mapping) and seg.get("is_expandable"):
-            owners.append((int_or_zero(seg.get("address")), pool_id_of_entry(seg)))
-    if not any(pool != DEFAULT_POOL for _, pool in owners):
+            owners.append((int_or_zero(seg.get("address")), pool_id_of_entry(seg),
+                           seg.get("segment_type") == "small"))
+    if not owners:
         return None
-    points = sorted({a for a, _ in owners} | {
+    kinds = ("segment_map", "segment_unmap", "alloc")
+    points = sorted({a for a, _, _ in owners} | {
         int_or_zero(e.get("addr")) for e in entries
-        if isinstance(e, Mapping) and e.get("action") in ("segment_map", "alloc")})
+        if isinstance(e, Mapping) and e.get("action") in kinds})
     starts: list[int] = []  # first address of each reservation-sized group
     ends: list[int] = []
     for addr in points:
@@ -395,18 +401,50 @@ def attribute_expandable_pools(
         else:
             starts.append(addr)
             ends.append(addr)
+
+    def group_of(addr: int) -> int:
+        return bisect_right(starts, addr) - 1
+
     group_pool: dict[int, tuple[int, int]] = {}
-    for addr, pool in owners:
-        group = bisect_right(starts, addr) - 1
+    small: dict[int, bool] = {}
+    for addr, pool, is_small in owners:
+        group = group_of(addr)
         if group_pool.setdefault(group, pool) != pool:
             return None  # two pools in one reservation: the grouping is wrong, do not guess
-    alloc_pools: dict[int, tuple[int, int]] = {}
+        small[group] = is_small
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    streams: dict[int, set[int]] = {}
     for idx, e in enumerate(entries):
-        if isinstance(e, Mapping) and e.get("action") == "alloc":
-            pool = group_pool.get(bisect_right(starts, int_or_zero(e.get("addr"))) - 1, DEFAULT_POOL)
-            if pool != DEFAULT_POOL:
-                alloc_pools[idx] = pool
+        if not isinstance(e, Mapping) or e.get("action") not in kinds:
+            continue
+        group = group_of(int_or_zero(e.get("addr")))
+        first.setdefault(group, idx)
+        last[group] = idx
+        streams.setdefault(group, set()).add(int_or_zero(e.get("stream")))
+        if e.get("action") == "alloc":
+            small[group] = small.get(group, True) and int_or_zero(e.get("size")) <= MIB
+    for group in group_pool:  # a surviving reservation lives to the end
+        last[group] = len(entries)
+    named = {p for p in group_pool.values() if p != DEFAULT_POOL}
+    if len(named) <= 1:  # with two private pools, which one a lost reservation was is unknown
+        private = named.pop() if named else INFERRED_POOL
+        defaults = [g for g, p in group_pool.items() if p == DEFAULT_POOL and len(streams.get(g, ())) <= 1]
+        for group in range(len(starts)):
+            if group in group_pool or group not in first or len(streams[group]) != 1:
+                continue
+            if any(streams.get(d, streams[group]) == streams[group] and small.get(d) == small.get(group)
+                   and first.get(d, 0) <= last[group] and first[group] <= last[d] for d in defaults):
+                group_pool[group] = private
+    alloc_pools: dict[int, tuple[int, int]] = {}
+    release_pools: dict[int, tuple[int, int]] = {}
+    for idx, e in enumerate(entries):
+        if not isinstance(e, Mapping) or e.get("action") not in ("alloc", "segment_unmap"):
+            continue
+        pool = group_pool.get(group_of(int_or_zero(e.get("addr"))), DEFAULT_POOL)
+        if pool != DEFAULT_POOL:
+            (alloc_pools if e.get("action") == "alloc" else release_pools)[idx] = pool
     if not alloc_pools:
         return None
-    private = sum(1 for _, pool in owners if pool != DEFAULT_POOL)
-    return PoolAttribution(alloc_pools, {}, private)
+    private_groups = sum(1 for p in group_pool.values() if p != DEFAULT_POOL)
+    return PoolAttribution(alloc_pools, release_pools, private_groups)

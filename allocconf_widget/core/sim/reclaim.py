@@ -10,7 +10,7 @@ They run only when a request misses the cache (or the trace shows an
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from allocconf_widget.core.sim.blocks import KEY_SHIFT, Block, FreeList, pool_blocks, remove_free
 from allocconf_widget.core.sim.expandable import release_segment, unmap_block
@@ -64,26 +64,31 @@ def free_all_cached(eng: EngineCore, i: int) -> None:
         eng.to_cache(blk)
     eng.pending.clear()
     for pool in (eng.default_large, eng.default_small):
-        to_unmap: list[Block] = []
-        for b in pool_blocks(pool):
-            if b.seg is not None:
-                to_unmap.append(b)
-            elif b.prev is None and b.next is None:
-                release_block(eng, b, i)
-        for b in to_unmap:
-            unmap_block(eng, b, i)
-            if not b.mapped and b.prev is None and b.next is None:
-                release_segment(b)
+        _release_blocks(eng, pool, i)
+
+
+def _release_blocks(eng: EngineCore, pool: Any, i: int) -> None:
+    """torch's ``release_blocks``: free every whole classic segment of ``pool`` and unmap
+    its free expandable pages (a wholly unmapped expandable segment is let go)."""
+    to_unmap: list[Block] = []
+    for b in pool_blocks(pool):
+        if b.seg is not None:
+            to_unmap.append(b)
+        elif b.prev is None and b.next is None:
+            release_block(eng, b, i)
+    for b in to_unmap:
+        unmap_block(eng, b, i)
+        if not b.mapped and b.prev is None and b.next is None:
+            release_segment(b)
 
 
 def release_pool(eng: EngineCore, lane: int, i: int) -> None:
-    """Release every whole cached segment of the private pool of ``lane`` (small and large):
-    a ``MemPool`` destroyed or emptied, a CUDA graph pool that became free."""
+    """Release the cached memory of the private pool of ``lane`` (small and large), classic
+    segments and expandable pages alike: a ``MemPool`` destroyed or emptied, a CUDA graph
+    pool that became free."""
     eng.num_sync_all_streams += 1  # torch synchronises the pool's events first
     for fl in (eng.small_lists[lane], eng.large_lists[lane]):
-        for b in pool_blocks(fl.pool):
-            if b.seg is None and b.prev is None and b.next is None:
-                release_block(eng, b, i)
+        _release_blocks(eng, fl.pool, i)
 
 
 def collect_garbage(eng: EngineCore, i: int) -> None:
