@@ -67,3 +67,24 @@ def test_the_default_pools_earlier_reservation_stays_the_defaults() -> None:
         {"action": "alloc", "addr": DEFAULT_BASE, "size": 4 * MiB, "stream": 0},
     ]
     assert attribute_expandable_pools(entries, [_segment(DEFAULT_BASE, (0, 0))]) is None
+
+
+def test_an_oom_with_nothing_unmapped_beside_spare_default_pages_is_the_captures() -> None:
+    # torch releases cached memory before an OOM unless a capture is under way; here the
+    # default reservation had 40 MiB mapped and unused and nothing was unmapped: the failed
+    # request was the private pool's, like the allocation right before it.
+    entries = [
+        {"action": "segment_map", "addr": DEFAULT_BASE, "size": 60 * MiB, "stream": 0},
+        {"action": "alloc", "addr": DEFAULT_BASE, "size": 20 * MiB, "stream": 0},
+        {"action": "segment_map", "addr": POOL_BASE, "size": 20 * MiB, "stream": 0},
+        {"action": "alloc", "addr": POOL_BASE, "size": 16 * MiB, "stream": 0},
+        {"action": "oom", "addr": 0, "size": 32 * MiB, "stream": 0},
+    ]
+    final = [_segment(DEFAULT_BASE, (0, 0)), _segment(POOL_BASE, (0, 1))]
+    got = attribute_expandable_pools(entries, final)
+    assert got is not None and got.alloc_pools.get(4) == (0, 1)
+    # the same OOM after the default pages were unmapped (torch's release ran: no capture)
+    released = [*entries[:4], {"action": "segment_unmap", "addr": DEFAULT_BASE + 20 * MiB,
+                               "size": 40 * MiB, "stream": 0}, entries[4]]
+    got = attribute_expandable_pools(released, final)
+    assert got is not None and 5 not in got.alloc_pools

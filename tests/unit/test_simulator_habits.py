@@ -167,6 +167,19 @@ def test_a_private_segment_known_only_by_best_fit_is_attributed() -> None:
     assert result.oom is not None and meta["oom"]
 
 
+def test_an_oom_during_graph_capture_is_the_private_pools_request() -> None:
+    # torch.compile's CUDA graph capture ran out of memory under a fraction. torch skips
+    # release_cached_blocks while a capture is under way, so the real run released nothing
+    # although a 32 MiB default segment sat wholly free; the failed request was the graph
+    # pool's. Replayed as a default request, the cached segment was released and the request
+    # served: the OOM vanished from the self-check (0.850). Read as the capture's, it is exact.
+    result, meta = _replay("compiled__frac_default")
+    fid = result.fidelity
+    assert fid is not None and fid.exact, fid.summary()
+    assert meta["oom"] and result.num_ooms == result.recorded_ooms == 1
+    assert result.peak_reserved_bytes == meta["stats"]["reserved_bytes.all.peak"]
+
+
 def test_best_fit_evidence_alone_separates_two_segments() -> None:
     from allocconf_widget.core.sim.pools import attribute_pools
 

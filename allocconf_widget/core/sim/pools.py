@@ -176,11 +176,18 @@ def attribute_pools(
     released_at: dict[int, int] = {}
     last_release = -2
     n = len(entries)
+    empty: set[int] = set()  # live segments holding no block
+    last_alloc_seg: int | None = None
+    released_since_alloc = False
+    ooms: list[tuple[int, int, tuple[int, ...]]] = []  # (entry, last alloc's segment, empty ones)
     for idx, e in enumerate(entries):
         if not isinstance(e, Mapping):
             return None
         act = e.get("action")
-        if act == "alloc":
+        if act == "oom":
+            if last_alloc_seg is not None and not released_since_alloc and len(ooms) < 10_000:
+                ooms.append((idx, last_alloc_seg, tuple(sorted(empty))[:64]))
+        elif act == "alloc":
             addr = int_or_zero(e.get("addr"))
             pos = bisect_right(live_starts, addr) - 1
             if pos < 0:
@@ -198,6 +205,8 @@ def attribute_pools(
                 _best_fit_edges(seg, sid, r, chosen, gaps, segs, edges, max_split)
             seg.blocks[addr] = end
             block_seg[addr] = sid
+            empty.discard(sid)
+            last_alloc_seg, released_since_alloc = sid, False
         elif act == "free_completed":
             addr = int_or_zero(e.get("addr"))
             sid_or_none = block_seg.pop(addr, None)
@@ -206,6 +215,8 @@ def attribute_pools(
                 end = seg.blocks.pop(addr, seg.end)
                 if gaps.on:
                     gaps.freed(seg, sid_or_none, addr, end)
+                if not seg.blocks:
+                    empty.add(sid_or_none)
         elif act == "segment_alloc":
             addr, size = int_or_zero(e.get("addr")), int_or_zero(e.get("size"))
             sid = len(segs)
@@ -225,6 +236,7 @@ def attribute_pools(
                     edges[oid].add(sid)
             insort(live_starts, addr)
             live_id[addr] = sid
+            empty.add(sid)
             if gaps.on:
                 gaps.created(seg, sid)
         elif act in ("segment_unmap", "segment_map"):
@@ -236,6 +248,8 @@ def attribute_pools(
             if sid_or_none is None:
                 continue
             del live_starts[bisect_left(live_starts, addr)]
+            empty.discard(sid_or_none)
+            released_since_alloc = True
             if gaps.on:
                 gaps.released(segs[sid_or_none], sid_or_none)
             released_at[sid_or_none] = idx
@@ -268,6 +282,12 @@ def attribute_pools(
     alloc_pools: dict[int, tuple[int, int]] = {}
     release_pools: dict[int, tuple[int, int]] = {}
     _assign(entries, segs, color, private, alloc_pools)
+    # An OOM with no release before it while a default segment sat wholly free: torch skips
+    # release_cached_blocks only while a capture (a CUDA graph, use_mem_pool) is under way, and
+    # then the failed request was going to the private pool, as the allocations before it did.
+    for idx, seg_id, empties in ooms:
+        if color.get(seg_id) == 1 and any(color.get(s, 0) == 0 for s in empties):
+            alloc_pools[idx] = private
     for sid, idx in released_at.items():
         if color.get(sid) == 1:
             release_pools[idx] = private
@@ -415,15 +435,39 @@ def attribute_expandable_pools(
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     streams: dict[int, set[int]] = {}
+    unused: dict[int, int] = {}  # mapped bytes not allocated, per group
+    live: dict[int, tuple[int, int]] = {}  # allocated address -> (group, size)
+    last_alloc: int | None = None
+    released_since_alloc = False
+    ooms: list[tuple[int, int, dict[int, int]]] = []
     for idx, e in enumerate(entries):
-        if not isinstance(e, Mapping) or e.get("action") not in kinds:
+        if not isinstance(e, Mapping):
+            continue
+        act = e.get("action")
+        if act == "oom":
+            if last_alloc is not None and not released_since_alloc and len(ooms) < 10_000:
+                ooms.append((idx, last_alloc, {g: b for g, b in unused.items() if b > 0}))
+            continue
+        if act == "free_completed":
+            gone = live.pop(int_or_zero(e.get("addr")), None)
+            if gone is not None:
+                unused[gone[0]] = unused.get(gone[0], 0) + gone[1]
+            continue
+        if act not in kinds:
             continue
         group = group_of(int_or_zero(e.get("addr")))
         first.setdefault(group, idx)
         last[group] = idx
         streams.setdefault(group, set()).add(int_or_zero(e.get("stream")))
-        if e.get("action") == "alloc":
-            small[group] = small.get(group, True) and int_or_zero(e.get("size")) <= MIB
+        size = int_or_zero(e.get("size"))
+        if act == "alloc":
+            small[group] = small.get(group, True) and size <= MIB
+            live[int_or_zero(e.get("addr"))] = (group, size)
+            unused[group] = unused.get(group, 0) - size
+            last_alloc, released_since_alloc = group, False
+        else:
+            unused[group] = unused.get(group, 0) + (size if act == "segment_map" else -size)
+            released_since_alloc = released_since_alloc or act == "segment_unmap"
     for group in group_pool:  # a surviving reservation lives to the end
         last[group] = len(entries)
     named = {p for p in group_pool.values() if p != DEFAULT_POOL}
@@ -444,6 +488,15 @@ def attribute_expandable_pools(
         pool = group_pool.get(group_of(int_or_zero(e.get("addr"))), DEFAULT_POOL)
         if pool != DEFAULT_POOL:
             (alloc_pools if e.get("action") == "alloc" else release_pools)[idx] = pool
+    # An OOM with nothing unmapped before it while the default pool had two pages' worth
+    # mapped and unused: torch skips release_cached_blocks only while a capture (a CUDA graph,
+    # use_mem_pool) is under way, and the failed request went where the ones before it did.
+    for idx, group, spare in ooms:
+        pool = group_pool.get(group, DEFAULT_POOL)
+        if pool != DEFAULT_POOL and any(
+                group_pool.get(g, DEFAULT_POOL) == DEFAULT_POOL
+                and b >= 2 * (SMALL_SEGMENT if small.get(g) else 20 * MIB) for g, b in spare.items()):
+            alloc_pools[idx] = pool
     if not alloc_pools:
         return None
     private_groups = sum(1 for p in group_pool.values() if p != DEFAULT_POOL)
