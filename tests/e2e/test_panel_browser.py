@@ -162,8 +162,8 @@ def test_every_apply_path_leaves_the_settings_tab_showing_the_session(notebook_p
     applied = re.search(r"Applied (.+?)\.", text).group(1)  # type: ignore[union-attr]
     applied = "" if applied == "(torch defaults)" else applied
     # the row's memory options replace the others; release_lock_on_cudamalloc, which the
-    # replay does not model, is kept (and the confirm step said so)
-    assert "keeps release_lock_on_cudamalloc" in text
+    # replay does not model, is kept (the confirm step said so; the result says it in the past)
+    assert "kept release_lock_on_cudamalloc" in text
     wanted = ",".join(filter(None, [applied, "release_lock_on_cudamalloc:True"]))
     expected = nb.value(f"parse_conf({wanted!r}).to_string()",
                         setup="from allocconf_widget.core.config.conf import parse_conf")
