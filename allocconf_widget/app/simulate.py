@@ -489,28 +489,24 @@ class RowApply:
         """One sentence for the confirm step: what will be set and what will be unset."""
         if not self.changes:
             return "this kernel already runs these settings: nothing to change"
-        parts = []
-        if self.sets:
-            parts.append("set " + ", ".join(self.sets))
-        if self.unsets:
-            parts.append("unset " + ", ".join(self.unsets))
-        text = "Apply will " + " and ".join(parts)
-        if self.kept:
-            text += f"; keeps {', '.join(self.kept)} (the replay does not model them)"
-        return text
+        return "Apply will " + self._sentence("set", "unset", "keeps")
 
     def done(self) -> str:
         """The same sentence once applied: what was set and what was unset."""
         if not self.changes:
             return "This kernel already ran these settings: nothing changed"
+        text = self._sentence("set", "unset", "kept")
+        return text[:1].upper() + text[1:]
+
+    def _sentence(self, set_verb: str, unset_verb: str, keep_verb: str) -> str:
         parts = []
         if self.sets:
-            parts.append("Set " + ", ".join(self.sets))
+            parts.append(f"{set_verb} " + ", ".join(self.sets))
         if self.unsets:
-            parts.append(("unset " if parts else "Unset ") + ", ".join(self.unsets))
+            parts.append(f"{unset_verb} " + ", ".join(self.unsets))
         text = " and ".join(parts)
         if self.kept:
-            text += f"; kept {', '.join(self.kept)} (the replay does not model them)"
+            text += f"; {keep_verb} {', '.join(self.kept)} (the replay does not model them)"
         return text
 
 

@@ -34,15 +34,20 @@ def _table(text: str) -> str:
                      for line in lines)
 
 
-def test_cli_and_magic_print_the_same_simulation(ip, capsys):
-    # the CLI has no kernel: the recording's settings are "current"; the magic compares with
-    # what its kernel runs: torch's defaults here, as in this recording
-    cli = subprocess.run([sys.executable, "-m", "allocconf_widget", "simulate", str(DEFAULTS),
+def _both(ip, capsys, path: Path) -> tuple[subprocess.CompletedProcess[str], str]:
+    """``allocconf simulate --recommend PATH`` and ``%allocconf simulate PATH``: (CLI run, magic's output)."""
+    cli = subprocess.run([sys.executable, "-m", "allocconf_widget", "simulate", str(path),
                           "--recommend", "--workers", "1"],
                          capture_output=True, text=True, timeout=300, check=False)
     assert cli.returncode == 0, cli.stderr
-    ip.run_line_magic("allocconf", f"simulate {DEFAULTS}")
-    magic = capsys.readouterr().out
+    ip.run_line_magic("allocconf", f"simulate {path}")
+    return cli, capsys.readouterr().out
+
+
+def test_cli_and_magic_print_the_same_simulation(ip, capsys):
+    # the CLI has no kernel: the recording's settings are "current"; the magic compares with
+    # what its kernel runs: torch's defaults here, as in this recording
+    cli, magic = _both(ip, capsys, DEFAULTS)
     assert "why:" in magic and "peak reserved" in magic
     assert _table(magic) == _table(cli.stdout)
     # the recording's sidecar gave both the device and the torch release, and both say so
@@ -56,12 +61,7 @@ def test_without_a_sidecar_both_infer_the_release_the_same_way(ip, capsys, tmp_p
 
     alone = tmp_path / "alone.pickle.gz"  # the snapshot without its recording's sidecar
     shutil.copy(DEFAULTS, alone)
-    cli = subprocess.run([sys.executable, "-m", "allocconf_widget", "simulate", str(alone),
-                          "--recommend", "--workers", "1"],
-                         capture_output=True, text=True, timeout=300, check=False)
-    assert cli.returncode == 0, cli.stderr
-    ip.run_line_magic("allocconf", f"simulate {alone}")
-    magic = capsys.readouterr().out
+    cli, magic = _both(ip, capsys, alone)
     assert _table(magic) == _table(cli.stdout)
     assert "reproduce this trace best" in cli.stderr
     assert "reproduce this trace best" in magic
