@@ -211,16 +211,26 @@ def what_if(source: TraceSource, *, extra_confs: list[str] | tuple[str, ...] = (
                            non_pytorch_bytes=non_pytorch, progress=progress,
                            offer_release=offer_release)
         return WhatIfReport(source.label, trace.num_events, result, tuple(notes))
+    result = against_kernel(trace, version, current_conf,
+                            recorded or SimSettings(torch_version=version), notes,
+                            extra_confs=list(extra_confs), fraction=fraction,
+                            device_total=source.device_total, non_pytorch_bytes=non_pytorch,
+                            progress=progress, offer_release=offer_release)
+    return WhatIfReport(source.label, trace.num_events, result, tuple(notes))
+
+
+def against_kernel(trace: Any, version: TorchVersion, current_conf: str, recorded: Any,
+                   notes: list[str], **options: Any) -> Any:
+    """Rank the candidates against this kernel's settings (``current_conf``); the recording's
+    own settings (``recorded``) get a row and the self-check. What the kernel's string holds
+    that the replay cannot model is said in ``notes``. ``options`` go to ``recommend``."""
+    from allocconf_widget.core.sim.recommend import recommend
+
     current, note = kernel_settings(current_conf, version)
     if note:
         notes.append(note)
-    result = recommend(trace, torch_version=version, current_settings=current,
-                       current_conf=current_conf,
-                       recorded_settings=recorded or SimSettings(torch_version=version),
-                       extra_confs=list(extra_confs), fraction=fraction,
-                       device_total=source.device_total, non_pytorch_bytes=non_pytorch,
-                       progress=progress, offer_release=offer_release)
-    return WhatIfReport(source.label, trace.num_events, result, tuple(notes))
+    return recommend(trace, torch_version=version, current_settings=current,
+                     current_conf=current_conf, recorded_settings=recorded, **options)
 
 
 def kernel_settings(conf_text: str, version: TorchVersion) -> tuple[Any, str | None]:
@@ -406,13 +416,9 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
                             non_pytorch_bytes=non_pytorch, fraction=fraction,
                             extra_confs=extra, workers=request.workers)
         else:  # the kernel's settings are "current"; the recording's keep a row of their own
-            current, kernel_note = kernel_settings(request.current_conf, version)
-            if kernel_note:
-                notes.append(kernel_note)
-            rec = recommend(trace, torch_version=version, current_settings=current,
-                            current_conf=request.current_conf, recorded_settings=recorded,
-                            device_total=device_total, non_pytorch_bytes=non_pytorch,
-                            fraction=fraction, extra_confs=extra, workers=request.workers)
+            rec = against_kernel(trace, version, request.current_conf, recorded, notes,
+                                 device_total=device_total, non_pytorch_bytes=non_pytorch,
+                                 fraction=fraction, extra_confs=extra, workers=request.workers)
         rows = tuple(SimulationRow(_row_label(c), c.conf, c.result, c.reason, c.is_current, rank)
                      for rank, c in enumerate(rec.candidates, 1))
         notes.extend(n for n in rec.notes if not n.startswith("the replays start from")

@@ -119,7 +119,8 @@ class Panel:
     def _apply_clicked(self, _button: Any) -> None:
         with self._lock:
             try:
-                result = self.model.apply()
+                # the session's notification renders the outcome, with the rows and banner
+                self.model.apply()
             except AllocConfError as exc:
                 self.result.value = f"<span style='color:#b00020'>✖ {html.escape(str(exc))}</span>"
                 return
@@ -127,7 +128,6 @@ class Panel:
                 self.result.value = (f"<span style='color:#b00020'>✖ torch refused the settings: "
                                      f"{html.escape(str(exc).splitlines()[0])}</span>")
                 return
-            del result  # the session's notification rendered it, with the rows and banner
 
     def _show_last_apply(self) -> None:
         """The session's last apply, whoever made it (this tab, the What if? tab, the magic):
