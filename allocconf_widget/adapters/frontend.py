@@ -41,6 +41,11 @@ class Frontend(enum.Enum):
     TERMINAL = "terminal IPython"
     PLAIN = "plain Python"
 
+    @property
+    def shows_widgets(self) -> bool:
+        """Whether this front end draws widgets (else every view prints text)."""
+        return self not in (Frontend.TERMINAL, Frontend.PLAIN)
+
 
 def detect_frontend(environ: dict[str, str] | None = None, modules: Any = None) -> Frontend:
     """Best guess at the front end; cheap and side-effect free."""

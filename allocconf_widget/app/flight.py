@@ -8,7 +8,7 @@ The analysis of one OOM (:func:`analyse`) has three parts:
 * who held the memory: live bytes by allocation site (:mod:`~allocconf_widget.core.memory.sites`);
 * the snapshot itself, for the segment map the views draw;
 * the **verdict**: the recorded window replayed under the candidate settings
-  (:func:`allocconf_widget.app.simulate.what_if`), split into settings that would
+  (:func:`allocconf_widget.app.simulate.simulate`, the one ranking), split into settings that would
   have avoided this OOM (ranked by peak) and settings that would not, with the
   replay's self-check saying how sure it is. When none avoids it, the verdict says
   so with the number that explains why: the bytes allocated, not cached.
@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from allocconf_widget.adapters.flight_history import (
     FlightSettings,
@@ -31,7 +31,12 @@ from allocconf_widget.adapters.flight_history import (
 )
 from allocconf_widget.core.memory.sites import SiteReport, top_sites
 from allocconf_widget.core.units import format_bytes
-from allocconf_widget.core.versions import TorchVersion
+
+if TYPE_CHECKING:
+    from allocconf_widget.app.candidates import CandidatePlan
+    from allocconf_widget.app.oom import OomRecommendation, OomReport, SettingsInForce
+    from allocconf_widget.app.session import ApplyOutcome, Session
+    from allocconf_widget.core.config.conf import AllocConf
 
 DEMO_NAME = "flight_oom_h200"
 CDN_NOTE = ("PyTorch's viewer page loads its script (MemoryViz.js) from cdn.jsdelivr.net, so it "
@@ -139,48 +144,38 @@ def _limit(capture: OomCapture) -> int | None:
     return capture.limit
 
 
-def _release(version: str | None) -> TorchVersion | None:
-    """The capturing torch's release if the simulator models it; None: infer from the trace."""
-    from allocconf_widget._errors import AllocConfError
-    from allocconf_widget.core.versions import simulated_release
-
-    if not version:
-        return None
-    try:
-        return simulated_release(version)
-    except AllocConfError:
-        return None
-
-
-def verdict(capture: OomCapture) -> Verdict:
+def verdict(capture: OomCapture, kernel: AllocConf | None = None) -> Verdict:
     """Replay the captured window under the candidate grid; split it into helps / does not.
+
+    Ranked by the one ranking of every front end (:func:`~allocconf_widget.app.simulate.simulate`),
+    against ``kernel`` (the settings this kernel runs, as the What if? tab ranks): a row the
+    kernel's torch does not take is never offered here either.
 
     Raises:
         SnapshotError: the snapshot holds no usable trace.
     """
-    from allocconf_widget.app.simulate import TraceSource, what_if
+    from allocconf_widget.app.simulate import SimulationRequest, TraceSource, recorded_release, simulate
 
     source = TraceSource(capture.snapshot, "the flight recorder's window",
-                         _release(capture.torch_version), capture.device_total,
-                         capture.non_pytorch_bytes)
-    report = what_if(source, fraction=capture.fraction)
-    rec = report.recommendation
-    current = rec.current
-    reproduced = current.result.oom is not None
+                         recorded_release(capture.torch_version), capture.device_total,
+                         capture.non_pytorch_bytes, device=capture.device)
+    report = simulate(source, SimulationRequest(rank=True, fraction=capture.fraction, kernel=kernel))
+    recorded = report.recorded
+    reproduced = recorded is not None and recorded.result.oom is not None
     winners: list[VerdictOption] = []
     losers: list[VerdictOption] = []
-    for cand in rec.candidates:
-        if cand.is_current:
+    for row in report.rows:
+        if row is recorded:
             continue
-        option = VerdictOption(cand.conf, cand.result.oom is None, cand.result.peak_reserved_bytes,
-                               cand.reason)
+        option = VerdictOption(row.conf, row.result.oom is None, row.result.peak_reserved_bytes,
+                               row.reason or "")
         (winners if option.avoids_oom and reproduced else losers).append(option)
     winners.sort(key=lambda o: (o.peak_reserved, len(o.conf)))
-    fidelity = rec.fidelity
+    fidelity = report.fidelity
     stats = capture.stats or {}
     allocated = int(stats.get("allocated_bytes.all.current", 0) or 0)
-    if not allocated and current.result.oom is not None:
-        allocated = current.result.oom.allocated_bytes
+    if not allocated and recorded is not None and recorded.result.oom is not None:
+        allocated = recorded.result.oom.allocated_bytes
     exact = fidelity is not None and fidelity.checked and fidelity.exact
     if not reproduced:
         sureness = ("not sure: the replay of your own settings did not run out of memory, so the "
@@ -193,7 +188,7 @@ def verdict(capture: OomCapture) -> Verdict:
     else:
         sureness = ("unchecked: the replay reproduced the OOM, but the window holds no segment "
                     "events to check the model against")
-    notes = [*report.notes, *rec.notes,
+    notes = [*report.all_notes(),
              f"peaks cover the recorded window ({report.num_events:,} events, up to the request "
              "that failed); what the run needs after it was never seen"]
     return Verdict(_limit(capture), allocated, tuple(winners), tuple(losers), reproduced,
@@ -211,7 +206,8 @@ class FlightAnalysis:
     sites: SiteReport
     verdict: Verdict | None = None
     verdict_error: str | None = None
-    label: str = ""
+    label: str = ""  # "Recording" for a run that is not this kernel's (the demo)
+    kernel: AllocConf | None = None  # what the verdict's rows were compared with
 
     @property
     def snapshot(self) -> dict[str, Any]:
@@ -224,10 +220,15 @@ class FlightAnalysis:
         return f"{self.label}: {text}" if self.label else text
 
 
-def analyse(capture: OomCapture, *, with_verdict: bool = True, label: str = "") -> FlightAnalysis:
-    """Sites now; the verdict too unless the caller computes it later (it replays the window)."""
+def analyse(capture: OomCapture, *, kernel: AllocConf | None = None, with_verdict: bool = True,
+            label: str = "") -> FlightAnalysis:
+    """Sites now; the verdict too unless the caller computes it later (it replays the window).
+
+    ``kernel`` is the settings this kernel runs (the Session's effective ones); ``label``
+    names a recording that is not this kernel's ("Recording"), so Apply says so and asks.
+    """
     sites = top_sites(capture.snapshot, device=capture.device)
-    analysis = FlightAnalysis(capture, sites, label=label)
+    analysis = FlightAnalysis(capture, sites, label=label, kernel=kernel)
     return with_verdict_of(analysis) if with_verdict else analysis
 
 
@@ -238,44 +239,54 @@ def with_verdict_of(analysis: FlightAnalysis) -> FlightAnalysis:
     from allocconf_widget._errors import AllocConfError, SnapshotError
 
     try:
-        return replace(analysis, verdict=verdict(analysis.capture), verdict_error=None)
+        return replace(analysis, verdict=verdict(analysis.capture, analysis.kernel),
+                       verdict_error=None)
     except (SnapshotError, AllocConfError, ValueError) as exc:
         return replace(analysis, verdict_error=f"no verdict: {exc}")
 
 
-# ----------------------------------------------------------------- applying the winner
+def plan_winner(session: Session, analysis: FlightAnalysis) -> CandidatePlan | None:
+    """What applying the verdict's winner would change (None: no setting avoids the OOM).
+
+    A recording that is not this kernel's (the demo) is named in the plan, so every front end
+    says so and asks before applying.
+
+    Raises:
+        AllocConfError: the winner is not valid for this kernel's torch.
+    """
+    from allocconf_widget.app.candidates import plan_for_session
+
+    winner = analysis.verdict.winner if analysis.verdict is not None else None
+    if winner is None:
+        return None
+    foreign = "a recording of another run" if analysis.label else None
+    return plan_for_session(session, winner.conf, foreign_source=foreign)
 
 
-@dataclass(frozen=True)
-class ApplyOutcome:
-    """What applying a verdict's setting did and what to re-run."""
+def recommendation_of(report: OomReport, verdict: Verdict | None) -> OomRecommendation:
+    """The card's one recommendation: the replay's when there is a verdict, else the first rule
+    of thumb; each rule of thumb is marked with whether it agrees."""
+    from allocconf_widget.app.oom import OomRecommendation
 
-    conf: str
-    applied: bool
-    restart_needed: bool
-    lines: tuple[str, ...]
+    if verdict is not None:
+        winner = verdict.winner.conf if verdict.winner is not None else None
+        return OomRecommendation(winner, True,
+                                 tuple((a, a.conf_change is not None and a.conf_change == winner)
+                                       for a in report.advice))
+    first = next((a.conf_change for a in report.advice if a.conf_change), None)
+    return OomRecommendation(first, False, tuple((a, True) for a in report.advice))
 
 
-def apply_setting(session: Any, conf: str) -> ApplyOutcome:
-    """Stage ``conf`` and apply it through the Session (the right way for this runtime)."""
-    try:
-        session.stage_text(conf, eager=False)
-        result = session.apply()
-    except Exception as exc:  # invalid for this torch, or torch refusing it: say so
-        return ApplyOutcome(conf, False, False, (f"not applied: {exc}",))
-    lines = list(result.summary().splitlines())
-    if session.last_save is not None:
-        lines.append(session.last_save.message())
-    if result.restart_needed:
-        lines.append("Next: restart the kernel (%allocconf restart, or the panel's Restart) and "
-                     "re-run the notebook from the top; the setting is saved and re-applied by "
-                     "%load_ext allocconf_widget.")
-    else:
-        lines.append("Next: re-run the cell that ran out of memory. Segments cached under the old "
-                     "setting stay until freed: del the failed step's tensors and call "
-                     "torch.cuda.empty_cache() first, or restart and re-run from the top for a "
-                     "clean start.")
-    return ApplyOutcome(conf, True, result.restart_needed, tuple(lines))
+def next_step(outcome: ApplyOutcome) -> str:
+    """What to re-run after applying a verdict's setting."""
+    if outcome.restart_needed:
+        return ("Next: restart the kernel (%allocconf restart, or the panel's Restart) and "
+                "re-run the notebook from the top; the setting is saved and re-applied by "
+                "%load_ext allocconf_widget.")
+    return ("Next: re-run the cell that ran out of memory. Segments cached under the old "
+            "setting stay until freed: del the failed step's tensors and call "
+            "torch.cuda.empty_cache() first, or restart and re-run from the top for a "
+            "clean start.")
 
 
 # ----------------------------------------------------------------- PyTorch's viewer
@@ -327,6 +338,7 @@ class DemoOom:
     capture: OomCapture
     message: str
     description: str
+    settings: SettingsInForce
     meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -354,11 +366,16 @@ def capture_from_meta(meta: dict[str, Any], snapshot: dict[str, Any]) -> OomCapt
 
 def load_demo_oom() -> DemoOom:
     """The bundled recording ``allocconf_widget/data/flight_oom_h200.{json,pickle.gz}``."""
+    from allocconf_widget.app.oom import recorded_settings
+    from allocconf_widget.app.simulate import recorded_release
     from allocconf_widget.core.memory.snapshot import load_snapshot
+    from allocconf_widget.core.versions import parse_version
 
     data = resources.files("allocconf_widget").joinpath("data")
     meta = json.loads(data.joinpath(f"{DEMO_NAME}.json").read_text(encoding="utf-8"))
     snapshot = load_snapshot(data.joinpath(f"{DEMO_NAME}.pickle.gz").read_bytes())
     capture = capture_from_meta(meta, dict(snapshot))
+    settings = recorded_settings(dict(capture.snapshot.get("allocator_settings") or {}),
+                                 recorded_release(capture.torch_version) or parse_version("2.11"))
     return DemoOom(capture, str(meta.get("oom") or ""), str(meta.get("description") or DEMO_NAME),
-                   meta)
+                   settings, meta)

@@ -22,9 +22,8 @@ import threading
 from dataclasses import dataclass
 
 from allocconf_widget._errors import AllocConfError
-from allocconf_widget.adapters.apply import ApplyResult
 from allocconf_widget.adapters.runtime_state import RuntimeState
-from allocconf_widget.app.session import ConfigView, Session
+from allocconf_widget.app.session import ApplyOutcome, ConfigView, Session
 from allocconf_widget.core.config import options as opt
 from allocconf_widget.core.config.conf import conf_from_values, format_value, parse_conf
 from allocconf_widget.core.config.envvars import snippets, variable_to_write
@@ -180,7 +179,7 @@ class PanelModel:
             return candidate
         return tries[0]
 
-    def apply(self) -> ApplyResult:
+    def apply(self) -> ApplyOutcome:
         """Apply the (valid) draft and save it; raises AllocConfError if the draft is invalid."""
         with self.lock:
             if self._error is not None:

@@ -23,10 +23,11 @@ a subshell thread while a cell is busy, so the panel and the magic can race.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from allocconf_widget.adapters import persist
 from allocconf_widget.adapters.apply import ApplyResult, apply, current_conf, preview
@@ -34,7 +35,20 @@ from allocconf_widget.adapters.runtime_state import Phase, RuntimeState, detect_
 from allocconf_widget.core.config.conf import AllocConf, parse_conf
 from allocconf_widget.core.config.plan import OptionPlan
 
+if TYPE_CHECKING:
+    from allocconf_widget.adapters.recorder import CellRecording
+    from allocconf_widget.core.config.readback import ReadBack
+
 Listener = Callable[[], None]
+
+
+class AppliedCandidate(Protocol):
+    """A replayed candidate an Apply came from (:class:`~allocconf_widget.app.candidates.CandidatePlan`)."""
+
+    @property
+    def shown_conf(self) -> str: ...
+
+    def done(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -60,12 +74,17 @@ class SaveOutcome:
     path: str
     error: str | None = None
     scope: str = "project"
+    forgotten: bool = False  # removed since (``%allocconf forget``): new kernels do not re-apply it
 
     @property
     def saved(self) -> bool:
-        return self.error is None
+        return self.error is None and not self.forgotten
 
     def message(self) -> str:
+        if self.forgotten:
+            what = "the global default" if self.scope == "global" else "this project's saved settings"
+            return (f"Not saved any more: {what} ({self.path}) was removed by %allocconf forget, so "
+                    "new kernels do not re-apply it.")
         if self.saved:
             if self.scope == "global":
                 return (f"Saved as the global default to {self.path} (re-applied by %load_ext "
@@ -75,6 +94,75 @@ class SaveOutcome:
                     "allocconf_widget in this project's new kernels; %allocconf forget removes it).")
         return (f"Applied, but NOT saved for kernel restarts: {self.error}. Fix that path (or set "
                 "XDG_CONFIG_HOME to a writable folder) and apply again.")
+
+
+@dataclass(frozen=True)
+class ApplyOutcome:
+    """What one Apply did, wherever it was clicked or typed: the one result every view renders.
+
+    ``%allocconf apply``, the Settings tab's Apply, a What-if row's Apply and the OOM card's
+    Apply all return this, and :meth:`lines` is the one place its sentences are made.
+    """
+
+    result: ApplyResult
+    save: SaveOutcome | None  # None: not saved (``--no-save``)
+    readback: ReadBack | None  # torch's own settings compared with the request, once readable
+    global_save: SaveOutcome | None = None
+    candidate: AppliedCandidate | None = None  # set when a replayed candidate was applied
+
+    @property
+    def restart_needed(self) -> bool:
+        return self.result.restart_needed
+
+    @property
+    def took(self) -> bool | None:
+        """Whether torch runs what was asked (None while torch has not read the settings)."""
+        return None if self.readback is None else self.readback.ok
+
+    def headline(self) -> str:
+        if self.candidate is not None:
+            return f"Applied {self.candidate.shown_conf}."
+        return "Applied."
+
+    def lines(self) -> list[str]:
+        """Every sentence of the outcome, in the order each front end shows them."""
+        out: list[str] = []
+        if self.candidate is not None:
+            out.append(self.candidate.done() + ".")
+        out += [f"warning: {w}" for w in self.result.requested.warnings]
+        out += self.result.summary().splitlines()
+        for save in (self.save, self.global_save):
+            if save is not None:
+                out.append(save.message())
+        if self.readback is not None:
+            out.append(self.readback.summary())
+        if self.restart_needed:
+            out.append("A restart is needed for part of it: %allocconf restart (or the panel's "
+                       "Restart); the settings are saved and re-applied by %load_ext allocconf_widget.")
+        return out
+
+    def forgotten(self, scope: str) -> ApplyOutcome:
+        """This outcome after ``%allocconf forget`` removed what it saved for ``scope``."""
+        def mark(save: SaveOutcome | None) -> SaveOutcome | None:
+            if save is None or save.scope != scope or save.error is not None:
+                return save
+            return dataclasses.replace(save, forgotten=True)
+
+        return dataclasses.replace(self, save=mark(self.save), global_save=mark(self.global_save))
+
+
+@dataclass(frozen=True)
+class ForgetOutcome:
+    """What ``%allocconf forget`` removed."""
+
+    scope: persist.Scope
+    path: str
+    removed: bool
+
+    def message(self) -> str:
+        what = "the global default" if self.scope == "global" else "this project's saved settings"
+        return (f"Removed {what} ({self.path})." if self.removed
+                else f"Nothing was saved as {what} ({self.path}).")
 
 
 def save_settings(conf: AllocConf, scope: persist.Scope = "project") -> SaveOutcome:
@@ -100,8 +188,34 @@ class Session:
         self._applied_env: AllocConf | None = None  # the environment right after that apply
         self.last_apply: ApplyResult | None = None
         self.last_save: SaveOutcome | None = None
+        self.last_outcome: ApplyOutcome | None = None  # the last Apply, whoever made it
         self._listeners: list[Listener] = []
-        self.extras: dict[str, Any] = {}
+        self._recording: CellRecording | None = None
+        self._recording_token = 0  # bumped by every new recording: cache keys never repeat
+        from allocconf_widget.app.simulate import TraceCache
+
+        self.trace_cache = TraceCache()  # the What-if's decoded trace, shared by its tabs
+
+    # -- the last %%allocconf record ---------------------------------------------
+    @property
+    def recording(self) -> CellRecording | None:
+        """The last ``%%allocconf record`` of this shell (what the What-if replays)."""
+        with self.lock:
+            return self._recording
+
+    def set_recording(self, recording: CellRecording) -> None:
+        """Keep ``recording`` as the one the What-if replays; views re-render."""
+        with self.lock:
+            self._recording = recording
+            self._recording_token += 1
+        self._notify()
+
+    def recording_key(self) -> tuple[str, int]:
+        """An identity for the trace source that is never reused (unlike ``id()``)."""
+        with self.lock:
+            if self._recording is not None and self._recording.snapshot is not None:
+                return ("recording", self._recording_token)
+            return ("demo", 0)
 
     # -- observation -----------------------------------------------------------
     def state(self) -> RuntimeState:
@@ -183,17 +297,43 @@ class Session:
             self._staged = None
         self._notify()
 
-    def apply(self, save: bool = True) -> ApplyResult:
-        """Apply the staged configuration now, and save it for restarts.
+    def apply(self, conf: AllocConf | None = None, *, save: persist.Scope | None = "project",
+              candidate: AppliedCandidate | None = None) -> ApplyOutcome:
+        """Apply ``conf`` (default: the staged configuration) now, save it, read it back.
 
-        A settings file that cannot be written does not undo the apply: the
-        outcome is in :attr:`last_save` (and the views say "applied, not saved").
+        The one apply of every front end. ``save`` is where it is saved for restarts
+        (``None``: not saved); a settings file that cannot be written does not undo the
+        apply: the outcome says "applied, not saved". ``candidate`` is the replayed row
+        it came from, for the outcome's sentence.
         """
+        from allocconf_widget.adapters.effective_settings import read_back
+
         state = self.state()
         with self.lock:
-            result = self._apply_locked(self.staged(state), state, save=save)
+            target = self.staged(state) if conf is None else conf
+            result = self._apply_locked(target, state, save=save == "project")
+            global_save = save_settings(target, "global") if save == "global" else None
+            readback = read_back(target, applied_by_setter=result.setter_called is not None)
+            outcome = ApplyOutcome(result, self.last_save, readback, global_save, candidate)
+            self.last_outcome = outcome
         self._notify()
-        return result
+        return outcome
+
+    def forget(self, scope: persist.Scope = "project") -> ForgetOutcome:
+        """Delete the saved settings of ``scope``; views stop saying they are saved.
+
+        Raises:
+            OSError: the file exists but cannot be removed.
+        """
+        path = persist.settings_path(scope)
+        removed = persist.forget(scope)
+        with self.lock:
+            if self.last_outcome is not None:
+                self.last_outcome = self.last_outcome.forgotten(scope)
+            if self.last_save is not None and self.last_save.scope == scope:
+                self.last_save = dataclasses.replace(self.last_save, forgotten=True)
+        self._notify()
+        return ForgetOutcome(scope, str(path), removed)
 
     def adopt(self, conf: AllocConf, result: ApplyResult) -> None:
         """Record that ``conf`` was applied outside :meth:`apply` (settings restored at load)."""
@@ -241,7 +381,7 @@ _SESSIONS: dict[int, Session] = {}
 _SESSIONS_LOCK = threading.Lock()
 
 
-def get_session(shell: Any = None) -> Session:
+def get_session(shell: object = None) -> Session:
     """The session of ``shell`` (one per shell object; a default one without a shell)."""
     key = id(shell)
     with _SESSIONS_LOCK:
@@ -250,7 +390,7 @@ def get_session(shell: Any = None) -> Session:
         return _SESSIONS[key]
 
 
-def drop_session(shell: Any = None) -> None:
+def drop_session(shell: object = None) -> None:
     """Forget the session of ``shell`` (on ``%unload_ext``)."""
     with _SESSIONS_LOCK:
         _SESSIONS.pop(id(shell), None)

@@ -1,28 +1,33 @@
 """The what-if use case: which trace to replay, under which torch's rules, and the result.
 
-``allocconf simulate``, ``%allocconf simulate`` and the panel's What if? tab all go through
-here: :func:`simulate` turns a :class:`TraceSource` and a :class:`SimulationRequest` into one
-:class:`SimulationReport`, which ``views/text/simulate.py`` prints for the CLI and the magic
-alike; the tab renders :func:`what_if`'s ranking. The trace's torch release is decided once,
-by :func:`trace_torch_version`, so one file replays under the same rules everywhere.
+``allocconf simulate``, ``%allocconf simulate``, the panel's What if? tab and the OOM card's
+verdict all go through here: :func:`simulate` turns a :class:`TraceSource` and a
+:class:`SimulationRequest` into one :class:`SimulationReport`. There is one way to rank: the
+request says which kernel's settings the rows compare with (and so which torch must take
+them), and every front end draws the same rows (``views/text/simulate.py`` prints them, the tab
+charts them, the verdict splits them into "avoids the OOM" and "does not"). The trace's torch
+release is decided once, by :func:`trace_torch_version`, so one file replays under the same
+rules everywhere.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from allocconf_widget._errors import AllocConfError, AllocConfWarning
-from allocconf_widget.core.sim.recommend import Recommendation
 from allocconf_widget.core.versions import TorchVersion, installed_torch_version, simulated_release
 
 if TYPE_CHECKING:
+    from allocconf_widget.adapters.recorder import CellRecording
+    from allocconf_widget.core.config.conf import AllocConf
     from allocconf_widget.core.sim.result import Fidelity, SimResult
-
-RECORDING_KEY = "recording"
+    from allocconf_widget.core.sim.settings import SimSettings
+    from allocconf_widget.core.sim.trace import Trace
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,7 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
                 non_pytorch_bytes = known.non_pytorch_bytes
             used.append(f"device capacity {format_bytes(device_total or 0)} (--device-total)")
         if torch_version is None and known.torch_version:
-            torch_version = _release(known.torch_version)
+            torch_version = recorded_release(known.torch_version)
             if torch_version is not None:
                 used.append(f"torch {known.torch_version} (--torch-version)")
         if used:
@@ -79,24 +84,6 @@ class VersionChoice:
 
     version: TorchVersion
     note: str | None = None
-
-
-@dataclass(frozen=True)
-class WhatIfReport:
-    """The ranked candidates for one trace, with the lines every front end heads them with."""
-
-    source_label: str
-    num_events: int
-    recommendation: Recommendation
-    notes: tuple[str, ...] = field(default=())
-
-    def headline(self) -> list[str]:
-        rec = self.recommendation
-        lines = [f"What if? Replaying {self.source_label} ({self.num_events:,} events) under "
-                 f"{len(rec.candidates)} settings."]
-        if rec.fidelity is not None:
-            lines.append(f"Model check on the recorded settings: {rec.fidelity.summary()}")
-        return lines
 
 
 def trace_torch_version(snapshot: Any, trace: Any, *, device_total: int | None,
@@ -134,11 +121,20 @@ def _non_pytorch(source: TraceSource, trace: Any, notes: list[str]) -> int:
     return estimate.bytes
 
 
-def trace_source(session: Any, path: str | None = None, demo: bool = False) -> TraceSource:
+class RecordingHolder(Protocol):
+    """What a trace source needs of the Session: its last recording and that recording's key."""
+
+    @property
+    def recording(self) -> CellRecording | None: ...
+
+    def recording_key(self) -> tuple[str, int]: ...
+
+
+def trace_source(session: RecordingHolder, path: str | None = None, demo: bool = False) -> TraceSource:
     """A file, the session's last ``%%allocconf record``, or the bundled recording."""
     if path:
         return file_source(path)
-    rec = session.extras.get(RECORDING_KEY)
+    rec = session.recording
     if rec is not None and rec.snapshot is not None and not demo:
         # Memory in use when recording started, less what the allocator already held (the
         # replay starts from those segments), is memory outside PyTorch's allocator.
@@ -147,17 +143,17 @@ def trace_source(session: Any, path: str | None = None, demo: bool = False) -> T
         held = sum(int(seg.get("total_size", 0)) for seg in rec.snapshot.get(INITIAL_SEGMENTS_KEY) or ()
                    if isinstance(seg, dict) and seg.get("device", 0) == 0)
         return TraceSource(rec.snapshot, "the last %%allocconf record",
-                           _release(rec.torch_version), rec.device_total,
+                           recorded_release(rec.torch_version), rec.device_total,
                            max((rec.device_total or 0) - (rec.free_at_start or 0) - held, 0))
     from allocconf_widget.core.memory.recording import load_demo
 
     demo_rec = load_demo()
     return TraceSource(demo_rec.snapshot(), f"the bundled recording ({demo_rec.description})",
-                       _release(demo_rec.torch_version), demo_rec.device_total_bytes,
+                       recorded_release(demo_rec.torch_version), demo_rec.device_total_bytes,
                        demo_rec.non_pytorch_bytes or 0)
 
 
-def _release(version: Any) -> TorchVersion | None:
+def recorded_release(version: object) -> TorchVersion | None:
     """The recorded torch release; None (infer from the trace) if unknown or unmodelled."""
     if not isinstance(version, str):
         return None
@@ -167,135 +163,64 @@ def _release(version: Any) -> TorchVersion | None:
         return None
 
 
-def what_if(source: TraceSource, *, extra_confs: list[str] | tuple[str, ...] = (),
-            fraction: float | None = None, current_conf: str | None = None,
-            trace: Any = None, progress: Callable[[int, int], None] | None = None,
-            offer_release: TorchVersion | None = None) -> WhatIfReport:
-    """Replay ``source`` under the candidate grid (plus ``extra_confs``) and rank the results.
-
-    ``current_conf`` is the configuration the caller runs now (the What if? tab passes
-    this kernel's effective settings): it becomes the "current" row every other row is
-    compared with, and the recording's own settings get a row of their own (the model
-    self-check still replays those). Without it, the recording's settings are "current".
-    ``trace`` is ``source``'s already-decoded trace, if the caller has it (see
-    :class:`TraceCache`); ``progress(done, total)`` follows the replays. ``offer_release`` is
-    the torch the rows would be applied to (the kernel's): settings it does not take are not
-    offered.
-
-    Raises:
-        SnapshotError: the snapshot has no usable trace.
-        AllocConfError: an extra configuration is not valid for the trace's torch.
-    """
-    from allocconf_widget.core.memory.snapshot import allocator_settings
-    from allocconf_widget.core.sim.recommend import recommend
-    from allocconf_widget.core.sim.simulator import SimSettings, extract_trace
-
-    if trace is None:
-        trace = extract_trace(source.snapshot)
-    notes: list[str] = []
-    non_pytorch = _non_pytorch(source, trace, notes)
-    version = source.torch_version
-    if version is None:
-        choice = trace_torch_version(source.snapshot, trace, device_total=source.device_total,
-                                     non_pytorch_bytes=non_pytorch, fraction=fraction)
-        version = choice.version
-        if choice.note:
-            notes.append(choice.note)
-    settings = allocator_settings(source.snapshot)
-    recorded = SimSettings.from_allocator_settings(settings, version) if settings else None
-    if current_conf is None:
-        result = recommend(trace, torch_version=version, current_settings=recorded,
-                           current_conf=(settings or {}).get("PYTORCH_CUDA_ALLOC_CONF"),
-                           extra_confs=list(extra_confs), fraction=fraction,
-                           device_total=source.device_total,
-                           non_pytorch_bytes=non_pytorch, progress=progress,
-                           offer_release=offer_release)
-        return WhatIfReport(source.label, trace.num_events, result, tuple(notes))
-    result = against_kernel(trace, version, current_conf,
-                            recorded or SimSettings(torch_version=version), notes,
-                            extra_confs=list(extra_confs), fraction=fraction,
-                            device_total=source.device_total, non_pytorch_bytes=non_pytorch,
-                            progress=progress, offer_release=offer_release)
-    return WhatIfReport(source.label, trace.num_events, result, tuple(notes))
-
-
-def against_kernel(trace: Any, version: TorchVersion, current_conf: str, recorded: Any,
-                   notes: list[str], **options: Any) -> Any:
-    """Rank the candidates against this kernel's settings (``current_conf``); the recording's
-    own settings (``recorded``) get a row and the self-check. What the kernel's string holds
-    that the replay cannot model is said in ``notes``. ``options`` go to ``recommend``."""
-    from allocconf_widget.core.sim.recommend import recommend
-
-    current, note = kernel_settings(current_conf, version)
-    if note:
-        notes.append(note)
-    return recommend(trace, torch_version=version, current_settings=current,
-                     current_conf=current_conf, recorded_settings=recorded, **options)
-
-
-def kernel_settings(conf_text: str, version: TorchVersion) -> tuple[Any, str | None]:
-    """This kernel's settings as the replay models them under the trace's torch, and a note.
-
-    The kernel's torch may accept options the trace's release does not (and the replay
-    models only the native allocator's memory options), so the string is read
-    tolerantly: what the model knows is replayed, the rest is said in the note.
-    """
-    from allocconf_widget.core.sim.settings import SimSettings
-
-    shown = conf_text or "torch's defaults"
-    try:
-        return SimSettings.from_string(conf_text, version), None
-    except AllocConfError as exc:
-        lenient = SimSettings.from_allocator_settings({"PYTORCH_CUDA_ALLOC_CONF": conf_text}, version)
-        return lenient, (f"this kernel runs {shown}; the replay (torch {version} rules) "
-                         f"models only its memory options ({exc.reason})")
-
-
-@dataclass
 class TraceCache:
-    """The last trace source and its decoded trace, so a second Compare does not decode again.
+    """The session's last trace source and its decoded trace, so a second Compare does not
+    decode again.
 
-    Keyed by the object that produced it (a recording, or the bundled file), so a new
-    ``%%allocconf record`` is never answered from the old trace.
+    Keyed by the session's recording *token* (a counter the Session bumps for every new
+    ``%%allocconf record``), never by ``id()``: a new recording can sit at a freed one's
+    address, and an ``id()`` key then answered with the old cell's trace.
     """
 
-    key: Any = None
-    source: TraceSource | None = None
-    trace: Any = None
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._key: tuple[str, int] | None = None
+        self._source: TraceSource | None = None
+        self._trace: Trace | None = None
 
-    def get(self, session: Any) -> tuple[TraceSource, Any]:
+    def get(self, session: RecordingHolder) -> tuple[TraceSource, Trace]:
         """The session's trace source and its decoded trace (decoded once per source)."""
-        from allocconf_widget.core.sim.simulator import extract_trace
+        from allocconf_widget.core.sim.trace import extract_trace
 
-        key = _source_key(session)
-        if self.source is None or key != self.key:
-            source = trace_source(session)
-            trace = extract_trace(source.snapshot)
-            self.key, self.source, self.trace = key, source, trace
-        assert self.source is not None
-        return self.source, self.trace
-
-
-def _source_key(session: Any) -> Any:
-    rec = session.extras.get(RECORDING_KEY)
-    return ("recording", id(rec)) if rec is not None and rec.snapshot is not None else ("demo",)
+        with self._lock:
+            key = session.recording_key()
+            if self._source is None or self._trace is None or key != self._key:
+                source = trace_source(session)
+                trace = extract_trace(source.snapshot, source.device)
+                self._key, self._source, self._trace = key, source, trace
+            return self._source, self._trace
 
 
 # ---------------------------------------------------------------- one simulation, every front end
 
+Progress = Callable[[int, int], None]
+
+
 @dataclass(frozen=True)
 class SimulationRequest:
-    """What to replay besides the recorded settings: extra settings, or the ranked grid."""
+    """What to replay besides the recorded settings: extra settings, or the ranked grid.
+
+    The one request of every front end: ``allocconf simulate``, ``%allocconf simulate``, the
+    What if? tab and the OOM card's verdict all rank through :func:`simulate` with one of these.
+    """
 
     confs: tuple[str, ...] = ()
     rank: bool = False  # replay and rank the candidate grid (plus ``confs``)
     fraction: float | None = None  # torch.cuda.set_per_process_memory_fraction in force
     continue_after_oom: bool = False
     workers: int | None = None
-    #: the settings the caller's kernel runs (the magic passes the session's): the ranked rows
-    #: compare with them and the recording's own settings get a "[recorded]" row; None (the
-    #: CLI, which has no kernel): the recording's settings are current
-    current_conf: str | None = None
+    #: the settings this kernel runs, read from the Session (their ``torch_version`` is the
+    #: kernel's torch): ranked rows compare with them, the recording's own settings get a
+    #: "[recorded]" row, and only settings that torch takes are offered. None (the CLI, which
+    #: has no kernel): the recording's settings are current.
+    kernel: AllocConf | None = None
+    #: without a kernel, the torch a user would apply a row to (the CLI: the installed one)
+    offer_release: TorchVersion | None = None
+    progress: Progress | None = field(default=None, compare=False)
+
+    @property
+    def release_offered(self) -> TorchVersion | None:
+        return self.kernel.torch_version if self.kernel is not None else self.offer_release
 
 
 @dataclass(frozen=True)
@@ -306,8 +231,18 @@ class SimulationRow:
     conf: str  # the option string replayed ("" = torch defaults)
     result: SimResult
     reason: str | None = None  # ranked rows: why it ranks where it does
-    is_current: bool = False  # the settings the trace was recorded with
+    is_current: bool = False  # the settings "now" (the kernel's, else the recording's)
     rank: int | None = None
+    kind: str = "extra"  # current, recorded, defaults, expandable, max_split, roundup, gc, combo, extra
+
+    @property
+    def shown_conf(self) -> str:
+        return self.conf or "(torch defaults)"
+
+    @property
+    def is_recorded(self) -> bool:
+        """The recording's own settings (the row that must reproduce what was recorded)."""
+        return self.kind == "recorded"
 
     def to_json(self) -> dict[str, Any]:
         doc = self.result.to_json()
@@ -323,7 +258,7 @@ class SimulationRow:
 
 @dataclass(frozen=True)
 class SimulationReport:
-    """Everything a front end prints about one simulation: header facts, rows, notes."""
+    """Everything a front end shows about one simulation: header facts, rows, notes."""
 
     source_label: str
     trace_summary: str
@@ -336,6 +271,27 @@ class SimulationReport:
     start_state: str | None = None  # where the replay starts, when not from an empty allocator
     version_note: str | None = None  # how the torch release was chosen, when it was inferred
     notes: tuple[str, ...] = ()
+    compared_with: str | None = None  # the kernel's settings the ranked rows compare with
+
+    @property
+    def current(self) -> SimulationRow | None:
+        return next((row for row in self.rows if row.is_current), None)
+
+    @property
+    def recorded(self) -> SimulationRow | None:
+        """The row replaying the recording's own settings (the current one when they agree)."""
+        return next((row for row in self.rows if row.is_recorded), None) or self.current
+
+    def headline(self) -> list[str]:
+        """The lines the What if? tab heads its rows with."""
+        lines = [f"What if? Replaying {self.source_label} ({self.num_events:,} events) under "
+                 f"{len(self.rows)} settings."]
+        if self.fidelity is not None:
+            lines.append(f"Model check on the recorded settings: {self.fidelity.summary()}")
+        return lines
+
+    def all_notes(self) -> tuple[str, ...]:
+        return tuple(n for n in (self.version_note, *self.notes) if n)
 
     def to_json(self) -> list[dict[str, Any]]:
         docs = []
@@ -347,8 +303,12 @@ class SimulationReport:
         return docs
 
 
-def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest()) -> SimulationReport:
+def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest(),
+             trace: Trace | None = None) -> SimulationReport:
     """Replay ``source`` under its recorded settings and the requested others.
+
+    ``trace`` is ``source``'s already-decoded trace when the caller has one
+    (:class:`TraceCache`). With ``request.rank`` this is the one ranking of every front end.
 
     Raises:
         SnapshotError: the snapshot has no usable trace.
@@ -360,7 +320,8 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
     from allocconf_widget.core.sim.trace import extract_trace
     from allocconf_widget.core.units import format_bytes
 
-    trace = extract_trace(source.snapshot, source.device)
+    if trace is None:
+        trace = extract_trace(source.snapshot, source.device)
     notes: list[str] = list(source.notes)
     device_total, non_pytorch = source.device_total, _non_pytorch(source, trace, notes)
     fraction = request.fraction
@@ -405,26 +366,8 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
                             fidelity=None, rows=(), ranked=False, start_state=start_state,
                             version_note=version_note)
     if request.rank:
-        from allocconf_widget.core.sim.recommend import recommend
-
-        extra = _checked_confs(request.confs, version, notes)
-        if request.current_conf is None:
-            described = recorded.describe()
-            rec = recommend(trace, torch_version=version, current_settings=recorded,
-                            current_conf="" if described == "(defaults)" else described,
-                            device_total=device_total,
-                            non_pytorch_bytes=non_pytorch, fraction=fraction,
-                            extra_confs=extra, workers=request.workers)
-        else:  # the kernel's settings are "current"; the recording's keep a row of their own
-            rec = against_kernel(trace, version, request.current_conf, recorded, notes,
-                                 device_total=device_total, non_pytorch_bytes=non_pytorch,
-                                 fraction=fraction, extra_confs=extra, workers=request.workers)
-        rows = tuple(SimulationRow(_row_label(c), c.conf, c.result, c.reason, c.is_current, rank)
-                     for rank, c in enumerate(rec.candidates, 1))
-        notes.extend(n for n in rec.notes if not n.startswith("the replays start from")
-                     and n != trace.initial_note and not n.startswith("the trace is partial"))
-        return dataclasses.replace(head, fidelity=rec.fidelity, rows=rows, ranked=True,
-                                   notes=tuple(notes))
+        return _ranked(head, trace, request, recorded, version, notes,
+                       device_total=device_total, non_pytorch=non_pytorch, fraction=fraction)
     confs = _checked_confs(request.confs, version, notes)
     others = []
     for conf in confs:
@@ -434,22 +377,71 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
     configs = [recorded, *others]
     results = simulate_many(trace, configs, device_total=device_total, non_pytorch_bytes=non_pytorch,
                             stop_at_oom=not request.continue_after_oom, workers=request.workers,
-                            check=[True] + [False] * len(others))
+                            check=[True] + [False] * len(others), progress=request.progress)
     fidelity = results[0].fidelity
     if confs:
         rows = tuple(SimulationRow(conf or "(torch defaults)", conf, r.with_fidelity(fidelity))
                      for conf, r in zip(confs, results[1:], strict=True))
     else:
         rows = (SimulationRow(f"recorded: {recorded.describe()}", recorded.label or "",
-                              results[0].with_fidelity(fidelity), is_current=True),)
+                              results[0].with_fidelity(fidelity), is_current=True, kind="recorded"),)
     return dataclasses.replace(head, fidelity=fidelity, rows=rows, notes=tuple(notes))
 
 
-def _row_label(candidate: Any) -> str:
-    label = candidate.conf or "(torch defaults)"
-    if candidate.is_current:
+def _ranked(head: SimulationReport, trace: Trace, request: SimulationRequest, recorded: SimSettings,
+            version: TorchVersion, notes: list[str], *, device_total: int | None,
+            non_pytorch: int, fraction: float | None) -> SimulationReport:
+    """The candidate grid replayed and ranked against the kernel's settings (or the recording's)."""
+    from allocconf_widget.core.sim.recommend import recommend
+
+    extra = _checked_confs(request.confs, version, notes)
+    options: dict[str, Any] = {"device_total": device_total, "non_pytorch_bytes": non_pytorch,
+                               "fraction": fraction, "extra_confs": extra, "workers": request.workers,
+                               "progress": request.progress, "offer_release": request.release_offered}
+    compared_with = None
+    if request.kernel is None:
+        described = recorded.describe()
+        rec = recommend(trace, torch_version=version, current_settings=recorded,
+                        current_conf="" if described == "(defaults)" else described, **options)
+    else:  # the kernel's settings are "current"; the recording's keep a row of their own
+        compared_with = request.kernel.to_string()
+        current, note = _kernel_settings(compared_with, version)
+        if note:
+            notes.append(note)
+        rec = recommend(trace, torch_version=version, current_settings=current,
+                        current_conf=compared_with, recorded_settings=recorded, **options)
+    rows = tuple(SimulationRow(_row_label(c.conf, c.is_current, c.kind), c.conf, c.result, c.reason,
+                               c.is_current, rank, c.kind)
+                 for rank, c in enumerate(rec.candidates, 1))
+    notes.extend(n for n in rec.notes if not n.startswith("the replays start from")
+                 and n != trace.initial_note and not n.startswith("the trace is partial"))
+    return dataclasses.replace(head, fidelity=rec.fidelity, rows=rows, ranked=True,
+                               notes=tuple(notes), compared_with=compared_with)
+
+
+def _kernel_settings(conf_text: str, version: TorchVersion) -> tuple[SimSettings, str | None]:
+    """This kernel's settings as the replay models them under the trace's torch, and a note.
+
+    The kernel's torch may accept options the trace's release does not (and the replay
+    models only the native allocator's memory options), so the string is read
+    tolerantly: what the model knows is replayed, the rest is said in the note.
+    """
+    from allocconf_widget.core.sim.settings import SimSettings
+
+    shown = conf_text or "torch's defaults"
+    try:
+        return SimSettings.from_string(conf_text, version), None
+    except AllocConfError as exc:
+        lenient = SimSettings.from_allocator_settings({"PYTORCH_CUDA_ALLOC_CONF": conf_text}, version)
+        return lenient, (f"this kernel runs {shown}; the replay (torch {version} rules) "
+                         f"models only its memory options ({exc.reason})")
+
+
+def _row_label(conf: str, is_current: bool, kind: str) -> str:
+    label = conf or "(torch defaults)"
+    if is_current:
         return label + " [current]"
-    return label + " [recorded]" if candidate.kind == "recorded" else label
+    return label + " [recorded]" if kind == "recorded" else label
 
 
 def _checked_confs(confs: tuple[str, ...], version: TorchVersion, notes: list[str]) -> list[str]:
@@ -467,81 +459,3 @@ def _checked_confs(confs: tuple[str, ...], version: TorchVersion, notes: list[st
         notes.extend(f"{conf!r}: {w.message}" for w in caught)
         out.append(conf)
     return out
-
-
-#: Options a replay says nothing about (host memory, locking, graph capture): a What-if row's
-#: Apply keeps them as they are rather than unsetting them behind the user's back.
-_NOT_REPLAYED = ("release_lock_on_cudamalloc", "graph_capture_record_stream_reuse")
-
-
-@dataclass(frozen=True)
-class RowApply:
-    """What applying one What-if row would do to this kernel's configuration."""
-
-    conf: str  # the row's string ("" = torch's defaults)
-    target: Any  # the complete AllocConf Apply will make
-    changes: tuple[Any, ...]  # core.config.conf.Change, in canonical order
-    kept: tuple[str, ...]  # options the replay does not model, carried over unchanged
-
-    @property
-    def sets(self) -> tuple[str, ...]:
-        return tuple(f"{c.option}:{_shown(c.after)}" for c in self.changes if c.after is not None)
-
-    @property
-    def unsets(self) -> tuple[str, ...]:
-        return tuple(f"{c.option}:{_shown(c.before)}" for c in self.changes if c.after is None)
-
-    def describe(self) -> str:
-        """One sentence for the confirm step: what will be set and what will be unset."""
-        if not self.changes:
-            return "this kernel already runs these settings: nothing to change"
-        return "Apply will " + self._sentence("set", "unset", "keeps")
-
-    def done(self) -> str:
-        """The same sentence once applied: what was set and what was unset."""
-        if not self.changes:
-            return "This kernel already ran these settings: nothing changed"
-        text = self._sentence("set", "unset", "kept")
-        return text[:1].upper() + text[1:]
-
-    def _sentence(self, set_verb: str, unset_verb: str, keep_verb: str) -> str:
-        parts = []
-        if self.sets:
-            parts.append(f"{set_verb} " + ", ".join(self.sets))
-        if self.unsets:
-            parts.append(f"{unset_verb} " + ", ".join(self.unsets))
-        text = " and ".join(parts)
-        if self.kept:
-            text += f"; {keep_verb} {', '.join(self.kept)} (the replay does not model them)"
-        return text
-
-
-def _shown(value: Any) -> str:
-    from allocconf_widget.core.config.conf import format_value
-
-    return format_value(value)
-
-
-def plan_row_apply(session: Any, conf: str) -> RowApply:
-    """The complete configuration a What-if row's Apply makes from what this kernel applied.
-
-    The row's options replace the memory options; options the replay does not model
-    (pinned host memory, the cudaMalloc lock, graph-capture reuse) are kept.
-
-    Raises:
-        AllocConfError: the row's string is not valid for the installed torch.
-    """
-    return row_apply_from(session.view().applied, conf)
-
-
-def row_apply_from(base: Any, conf: str) -> RowApply:
-    """:func:`plan_row_apply` from a given applied configuration (one read for many rows)."""
-    from allocconf_widget.core.config import options as opt
-    from allocconf_widget.core.config.conf import parse_conf
-
-    row = parse_conf(conf, base.torch_version, warn=False)
-    kept = {name: value for name, value in base.items()
-            if (name.startswith("pinned_") or name in _NOT_REPLAYED) and name not in row
-            and opt.spec_for(name) is not None}
-    target = row.merge(kept) if kept else row
-    return RowApply(conf, target, base.diff(target), tuple(kept))

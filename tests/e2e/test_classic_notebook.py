@@ -350,3 +350,19 @@ def test_whatif_chart_draws(classic_page) -> None:
     wait_until(lambda: panel.locator(".allocconf-whatif-apply:not([disabled])").count() > 0,
                timeout=30, what="ranked rows with an Apply button")
     screenshot(nb.page, "whatif-classic-notebook6")
+
+
+def test_views_follow_the_session(classic_page) -> None:
+    """The snippet box, the What-if rows and the saved line after each action (session_follow.py)."""
+    from tests.e2e.session_follow import views_follow_the_session
+
+    nb = classic_page(["%load_ext allocconf_widget", "import torch\n%allocconf"])
+    nb.run_all(timeout=120)
+    panel = nb.page.locator(".allocconf-panel")
+    panel.wait_for(state="visible", timeout=30_000)
+
+    def run_magic(line: str) -> None:
+        reply = nb.execute(f"get_ipython().run_line_magic('allocconf', {line!r})")
+        assert reply.error is None, reply
+
+    views_follow_the_session(nb, panel, run_magic)

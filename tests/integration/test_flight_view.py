@@ -18,11 +18,11 @@ pytest.importorskip("ipywidgets")
 
 from allocconf_widget.adapters.flight_history import FlightSettings, OomCapture, flight_history
 from allocconf_widget.app.flight import analyse, load_demo_oom, verdict
+from allocconf_widget.app.oom import build_report
 from allocconf_widget.app.session import Session
 from allocconf_widget.core.memory.snapshot import load_snapshot
 from allocconf_widget.views.widgets.flight import FlightOomView
 from allocconf_widget.views.widgets.flight_toggle import FlightToggle
-from allocconf_widget.views.widgets.oom import build_report, report_html
 from tests.torch_versions import has_torch
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -35,10 +35,8 @@ def demo():
 
 @pytest.fixture
 def view(demo):
-    report = build_report(demo.message, settings={}, torch_version=(2, 11),
-                          settings_text="torch's defaults")
-    return FlightOomView(analyse(demo.capture, label="Recording"), session=Session(),
-                         report_html=report_html(report))
+    report = build_report(demo.message, demo.settings)
+    return FlightOomView(analyse(demo.capture, label="Recording"), session=Session(), report=report)
 
 
 def test_the_view_shows_breakdown_sites_map_and_verdict(view, demo):
@@ -59,10 +57,16 @@ def test_the_view_shows_breakdown_sites_map_and_verdict(view, demo):
     assert view.apply_button.description.startswith("Apply ")
 
 
-def test_apply_goes_through_the_session_and_says_what_to_rerun(view):
+def test_apply_asks_first_then_goes_through_the_session_and_says_what_to_rerun(view):
     winner = view.analysis.verdict.winner
-    outcome = view.apply_winner()
-    assert outcome is not None and outcome.applied, outcome
+    before = view.session.applied().to_string()
+    plan = view.ask()  # the click on "Apply …": a question, nothing changed yet
+    assert plan is not None and plan.needs_confirmation  # a recording of another run
+    assert view.confirm.layout.display != "none"
+    assert "not from this kernel's own run" in html.unescape(view.question.value)
+    assert view.session.applied().to_string() == before
+    outcome = view.apply_winner()  # "Apply these settings"
+    assert outcome is not None and outcome.candidate is not None, outcome
     shown = view.result.value
     assert f"Applied {winner.shown_conf}." in shown
     assert "Next:" in shown and ("re-run the cell" in shown or "restart the kernel" in shown)

@@ -8,17 +8,27 @@ from pathlib import Path
 
 import pytest
 
-from allocconf_widget.views.widgets.oom import (
+from allocconf_widget.app.oom import (
     ObservedOom,
-    OomPanel,
+    SettingsInForce,
     build_report,
-    install_oom_assistant,
     is_cuda_oom,
+    settings_in_force,
+)
+from allocconf_widget.app.session import Session
+from allocconf_widget.core.versions import parse_version
+from allocconf_widget.views.text.oom import report_text
+from allocconf_widget.views.widgets.oom import (
+    OomPanel,
+    install_oom_assistant,
     report_html,
-    report_text,
     uninstall_oom_assistant,
 )
 from tests.torch_versions import OPT
+
+
+def _settings(values: dict, text: str) -> SettingsInForce:
+    return SettingsInForce(values, parse_version("2.11"), text)
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
 
@@ -52,8 +62,8 @@ def fragmented_message() -> str:
 def test_fraction_limited_oom_shows_breakdown_and_the_fraction_as_the_cause(observer_case):
     device, alloc, limit, free = observer_case["observer_calls"][0]
     observed = ObservedOom(device, alloc, limit, free)
-    report = build_report(observer_case["message"], settings={}, torch_version=(2, 11),
-                          settings_text="torch's defaults", observed=observed)
+    report = build_report(observer_case["message"], _settings({}, "torch's defaults"),
+                          observed=observed)
     text = report_text(report)
     assert report.headline == "CUDA out of memory on GPU 0: tried to allocate 4.00 GiB"
     parts = dict(report.breakdown.parts())
@@ -67,8 +77,8 @@ def test_fraction_limited_oom_shows_breakdown_and_the_fraction_as_the_cause(obse
 
 
 def test_fragmented_oom_suggests_expandable_segments_with_the_command(fragmented_message):
-    report = build_report(fragmented_message, settings={"expandable_segments": False},
-                          torch_version=(2, 11), settings_text="torch's defaults")
+    report = build_report(fragmented_message,
+                          _settings({"expandable_segments": False}, "torch's defaults"))
     changes = [a.conf_change for a in report.advice if a.conf_change]
     assert changes == ["expandable_segments:True"]
     text = report_text(report)
@@ -77,23 +87,22 @@ def test_fragmented_oom_suggests_expandable_segments_with_the_command(fragmented
 
 
 def test_never_suggests_expandable_segments_when_they_are_already_on(fragmented_message):
-    report = build_report(fragmented_message, settings={"expandable_segments": True},
-                          torch_version=(2, 11), settings_text="expandable_segments:True")
+    report = build_report(fragmented_message,
+                          _settings({"expandable_segments": True}, "expandable_segments:True"))
     assert all(a.conf_change != "expandable_segments:True" for a in report.advice)
     assert any(a.rule == "expandable_already_on" for a in report.advice)
 
 
-def test_settings_come_from_the_environment_when_not_given(fragmented_message, monkeypatch):
+def test_settings_come_from_the_sessions_view(fragmented_message, monkeypatch):
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", OPT)  # the variable every release reads
-    report = build_report(fragmented_message)
+    report = build_report(fragmented_message, settings_in_force(Session()))
     assert OPT in report.settings_text
     assert all(a.conf_change != OPT for a in report.advice)
 
 
 def test_html_and_panel_escape_and_show_the_numbers(observer_case):
     pytest.importorskip("ipywidgets")
-    report = build_report(observer_case["message"] + " <img src=x>", settings={},
-                          torch_version=(2, 11), settings_text="<defaults>")
+    report = build_report(observer_case["message"] + " <img src=x>", _settings({}, "<defaults>"))
     html = report_html(report)
     assert "518.00 MiB" in html and "&lt;defaults&gt;" in html and "<img" not in html
     panel = OomPanel(report)
@@ -104,8 +113,7 @@ def test_html_and_panel_escape_and_show_the_numbers(observer_case):
 
 
 def test_unparseable_text_still_gives_a_report():
-    report = build_report("CUDA out of memory (cut off)", settings={}, torch_version=(2, 11),
-                          settings_text="x")
+    report = build_report("CUDA out of memory (cut off)", _settings({}, "x"))
     assert report.info is None and report.advice == ()
     assert "could not be parsed" in report.headline
 

@@ -29,6 +29,18 @@ def _applied(session: Session, text: str) -> None:
     session.apply(save=False)
 
 
+def _settled(view: WhatIfView) -> WhatIfView:
+    """Wait for the re-ranking an Apply starts (the rows compare with the kernel's new settings)."""
+    if view.rerank is not None:
+        view.rerank.join(timeout=60)
+        assert not view.rerank.is_alive()
+    return view
+
+
+def _label(row) -> str:
+    return row.box.children[0].children[1].value
+
+
 def _row(view: WhatIfView, conf: str):
     row = next((r for r in view._rows if r.conf == conf), None)
     assert row is not None, f"no row {conf!r} in {[r.conf for r in view._rows]}"
@@ -68,18 +80,28 @@ def test_row_apply_says_what_changes_waits_for_a_yes_and_answers_under_the_row()
     assert row.confirm in row.box.children and row.confirm.layout.display == ""
     row.yes.click()
     assert os.environ[VAR] == f"max_split_size_mb:128{KEPT}"
+    assert row.confirm.layout.display == "none"
+    # the tab follows the Session: the rows are ranked again against what the kernel runs now
+    row = _row(_settled(view), "max_split_size_mb:128")
     assert row.result.value.startswith("<b>Applied max_split_size_mb:128.</b>")
     # said in the past tense, now that it happened
     assert "Set max_split_size_mb:128 and unset roundup_power2_divisions:8" in row.result.value
     assert "Apply will" not in row.result.value
-    assert row.confirm.layout.display == "none"
     others = [r.result for r in view._rows if r is not row]
     assert others == [None] * len(others)  # the outcome is next to the row clicked, nowhere else
     assert row.box.children[-1] is row.result  # right under it
-    # the tab follows the Session: this row is now what the kernel runs
-    assert row.apply.disabled
-    assert not _row(view, "roundup_power2_divisions:8").apply.disabled
-    assert "Compare again" in view.current.value
+    assert row.apply.disabled  # this row is now what the kernel runs …
+    current = view.report.current  # … and the kernel's own string (with what Apply kept) is marked
+    assert current.conf == f"max_split_size_mb:128{KEPT}"
+    assert "(this kernel)" in _label(_row(view, current.conf))
+    old = _row(view, "roundup_power2_divisions:8")
+    assert not old.apply.disabled and "(this kernel)" not in _label(old)
+    assert view.report is not None and view.report.compared_with == f"max_split_size_mb:128{KEPT}"
+    now = view.report.current.result.peak_reserved_bytes  # every "now" is the new current's peak
+    from allocconf_widget.core.units import format_bytes
+
+    assert f"vs {format_bytes(now)} now" in _label(_row(view, ""))
+    assert "ranking them again" not in view.current.value
     view.close()
 
 
@@ -102,7 +124,9 @@ def test_an_apply_elsewhere_moves_the_current_mark():
     view.run()
     assert _row(view, "").apply.disabled  # defaults: this kernel runs them
     _applied(session, "max_split_size_mb:256")  # e.g. the Settings tab or the magic
+    _settled(view)
     assert _row(view, "max_split_size_mb:256").apply.disabled
+    assert "(this kernel)" in _label(_row(view, "max_split_size_mb:256"))
     assert not _row(view, "").apply.disabled
     assert "This kernel runs <code>max_split_size_mb:256</code>" in view.current.value
     view.close()

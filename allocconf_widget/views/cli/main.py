@@ -1,23 +1,20 @@
 """Command line: ``allocconf`` and ``python -m allocconf_widget``.
 
-Each subcommand lives in its own ``cli_<name>.py`` module exposing
-``register(subparsers)``; that function adds a parser and sets
-``handler=<callable(args) -> exit code>``. Keeping the dispatcher this small
-lets the magic reuse the same handlers and keeps imports lazy: only the
-chosen subcommand's dependencies are loaded.
+Each subcommand lives in its own module of ``views/cli/`` exposing
+``register(subparsers)``, listed by import in :mod:`allocconf_widget.views.cli.commands`;
+``register`` adds a parser and sets ``handler=<callable(args) -> exit code>``. The
+dispatcher stays this small, and imports stay lazy: only the chosen subcommand's
+dependencies are loaded.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from collections.abc import Sequence
 
 from allocconf_widget._errors import AllocConfError, SnapshotError, printable
-
-_SUBCOMMAND_MODULES = ("check", "options", "report", "simulate")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,8 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in _SUBCOMMAND_MODULES:
-        importlib.import_module(f"allocconf_widget.views.cli.{name}").register(subparsers)
+    from allocconf_widget.views.cli.commands import COMMANDS
+
+    for module in COMMANDS:
+        module.register(subparsers)
     return parser
 
 

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from allocconf_widget.app.simulate import SimulationRequest, file_source, simulate
-    from allocconf_widget.core.versions import simulated_release
+    from allocconf_widget.core.versions import installed_torch_version, simulated_release
     from allocconf_widget.views.text.simulate import render_simulation
 
     path = Path(args.trace)
@@ -116,7 +116,9 @@ def _run(args: argparse.Namespace) -> int:
                              non_pytorch_bytes=non_pytorch, device=args.device)
         report = simulate(source, SimulationRequest(
             confs=tuple(args.conf or ()), rank=args.recommend, fraction=args.fraction,
-            continue_after_oom=args.continue_after_oom, workers=args.workers))
+            continue_after_oom=args.continue_after_oom, workers=args.workers,
+            # no kernel here: rows are offered for the torch installed beside this command
+            offer_release=installed_torch_version()))
     except SnapshotError as exc:
         raise _BadInputError(f"{path}: {exc}") from None
     except AllocConfError as exc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from allocconf_widget._errors import AllocConfError, AllocConfWarning, printable
 from allocconf_widget.adapters import persist
@@ -20,8 +20,11 @@ from allocconf_widget.core.config.conf import parse_conf
 from allocconf_widget.core.config.envvars import snippets, variable_to_write
 from allocconf_widget.core.config.tokens import C_WHITESPACE_TEXT
 
+if TYPE_CHECKING:
+    from allocconf_widget.views.magic.context import MagicContext, SubParsers
 
-def register(subparsers: Any) -> None:
+
+def register(subparsers: SubParsers) -> None:
     """Add the lifecycle subcommands to the magic's parser."""
     add = subparsers.add_parser
     p = add("panel", help="show the control panel (the default)")
@@ -64,14 +67,14 @@ def register(subparsers: Any) -> None:
 
 
 # ---------------------------------------------------------------- handlers
-def run_panel(_args: argparse.Namespace, ctx: Any) -> Any:
+def run_panel(_args: argparse.Namespace, ctx: MagicContext) -> Any:
     """Show the control panel (text summary outside a notebook front end)."""
     from allocconf_widget.views.widgets.panel import show_panel
 
     return show_panel(ctx.session)
 
 
-def run_show(_args: argparse.Namespace, ctx: Any) -> dict[str, Any]:
+def run_show(_args: argparse.Namespace, ctx: MagicContext) -> dict[str, Any]:
     from allocconf_widget.adapters.effective_settings import read_back
 
     session = ctx.session
@@ -125,7 +128,7 @@ def _parse_settings(items: list[str]) -> tuple[dict[str, str | None], str | None
     return options, None
 
 
-def run_set(args: argparse.Namespace, ctx: Any) -> Any:
+def run_set(args: argparse.Namespace, ctx: MagicContext) -> Any:
     from allocconf_widget.core.config.envvars import strip_variable_prefix
 
     session = ctx.session
@@ -146,7 +149,7 @@ def run_set(args: argparse.Namespace, ctx: Any) -> Any:
     return staged
 
 
-def run_unset(args: argparse.Namespace, ctx: Any) -> Any:
+def run_unset(args: argparse.Namespace, ctx: MagicContext) -> Any:
     staged = ctx.session.update(dict.fromkeys(args.options))
     _report_staged(ctx.session, staged)
     return staged
@@ -173,27 +176,16 @@ def _print_warnings(conf: Any) -> None:
         print(f"warning: {warning}")
 
 
-def run_apply(args: argparse.Namespace, ctx: Any) -> Any:
-    from allocconf_widget.adapters.effective_settings import read_back
-    from allocconf_widget.app.session import save_settings
-
-    as_global = getattr(args, "global_", False)
-    result = ctx.session.apply(save=not args.no_save and not as_global)
-    _print_warnings(result.requested)
-    print(result.summary())
-    if ctx.session.last_save is not None:
-        print(ctx.session.last_save.message())
-    if as_global and not args.no_save:
-        print(save_settings(result.requested, "global").message())
-    check = read_back(result.requested, applied_by_setter=result.setter_called is not None)
-    if check is not None:
-        print(check.summary())
-    if result.restart_needed:
-        print("A restart is needed for part of it: %allocconf restart (or the panel's Restart).")
-    return result
+def run_apply(args: argparse.Namespace, ctx: MagicContext) -> Any:
+    scope: persist.Scope | None = None if args.no_save else "global" if getattr(args, "global_", False) \
+        else "project"
+    outcome = ctx.session.apply(save=scope)
+    for line in outcome.lines():
+        print(line)
+    return outcome.result
 
 
-def run_reset(args: argparse.Namespace, ctx: Any) -> Any:
+def run_reset(args: argparse.Namespace, ctx: MagicContext) -> Any:
     staged = ctx.session.stage(parse_conf("", ctx.session.state().version, warn=False))
     print("Staged torch's defaults (every option unset).")
     if args.apply:
@@ -201,25 +193,23 @@ def run_reset(args: argparse.Namespace, ctx: Any) -> Any:
     return staged
 
 
-def run_discard(_args: argparse.Namespace, ctx: Any) -> None:
+def run_discard(_args: argparse.Namespace, ctx: MagicContext) -> None:
     ctx.session.discard()
     print("Staged changes dropped.")
 
 
-def run_forget(args: argparse.Namespace, _ctx: Any) -> bool:
+def run_forget(args: argparse.Namespace, ctx: MagicContext) -> bool:
     scope: persist.Scope = "global" if getattr(args, "global_", False) else "project"
     try:
-        path = persist.settings_path(scope)
-        removed = persist.forget(scope)
+        outcome = ctx.session.forget(scope)
     except OSError as exc:
         raise AllocConfError(f"the saved settings cannot be removed: {exc}",
                              fix="remove the file by hand, or set XDG_CONFIG_HOME elsewhere") from None
-    what = "the global default" if scope == "global" else "this project's saved settings"
-    print(f"Removed {what} ({path})." if removed else f"Nothing was saved as {what} ({path}).")
-    return removed
+    print(outcome.message())
+    return outcome.removed
 
 
-def run_snippet(_args: argparse.Namespace, ctx: Any) -> dict[str, str]:
+def run_snippet(_args: argparse.Namespace, ctx: MagicContext) -> dict[str, str]:
     state = ctx.session.state()
     conf = ctx.session.staged(state)
     variable = variable_to_write(state.version, state.env.set_vars)
@@ -230,7 +220,7 @@ def run_snippet(_args: argparse.Namespace, ctx: Any) -> dict[str, str]:
     return snips
 
 
-def run_restart(_args: argparse.Namespace, ctx: Any) -> Any:
+def run_restart(_args: argparse.Namespace, ctx: MagicContext) -> Any:
     from allocconf_widget.adapters.frontend import restart
     from allocconf_widget.app.session import save_settings
 

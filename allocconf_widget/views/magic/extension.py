@@ -4,33 +4,23 @@ Shape borrowed from memray's magic: one parser built by a factory (its help
 becomes the magic's docstring, so ``%allocconf?`` shows real usage), the line
 split by :func:`~allocconf_widget.views.magic.completion.split_args` (``shlex``
 that keeps backslashes, for Windows paths), argparse's ``SystemExit`` swallowed after it printed
-help, and every user error raised as IPython's ``UsageError``. Subcommands of
-later features live in ``magic_<name>.py`` modules that expose
-``register(subparsers)``; their handlers take ``(args, ctx)``.
+help, and every user error raised as IPython's ``UsageError``. Subcommands live in
+``views/magic/<name>.py`` modules that expose ``register(subparsers)``, listed by import in
+:mod:`allocconf_widget.views.magic.commands`; their handlers take ``(args, ctx)``
+(:class:`~allocconf_widget.views.magic.context.MagicContext`).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 from allocconf_widget._errors import AllocConfError, RuntimeStateError, SnapshotError
 from allocconf_widget.views.magic import core as magic_core
+from allocconf_widget.views.magic.commands import COMMANDS
 from allocconf_widget.views.magic.completion import register_completer, split_args
-
-_PLUGIN_MODULES = ("monitor", "simulate", "ranks", "flight")
-
-
-@dataclass
-class MagicContext:
-    """What a subcommand handler gets besides its arguments."""
-
-    shell: Any
-    session: Any
-    cell: str | None
+from allocconf_widget.views.magic.context import MagicContext
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,9 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="return the subcommand's result object (for scripts and tests) "
                         "instead of only printing")
     subparsers = parser.add_subparsers(dest="command", metavar="SUBCOMMAND", parser_class=_Parser)
-    magic_core.register(subparsers)
-    for name in _PLUGIN_MODULES:
-        importlib.import_module(f"allocconf_widget.views.magic.{name}").register(subparsers)
+    for module in COMMANDS:
+        module.register(subparsers)
     return parser
 
 

@@ -10,14 +10,17 @@ viewer opens, and ``demo`` shows the view on a real OOM recorded on an H200
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from allocconf_widget._errors import RuntimeStateError
+
+if TYPE_CHECKING:
+    from allocconf_widget.views.magic.context import MagicContext, SubParsers
 
 ACTIONS = ("on", "off", "status", "show", "apply", "export", "demo")
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: SubParsers) -> None:
     """Add ``flight`` to the magic's parser."""
     p = subparsers.add_parser(
         "flight", help="OOM flight recorder: keep allocation history; explain the next OOM",
@@ -32,12 +35,19 @@ def register(subparsers: Any) -> None:
                    "slower, see docs/flight.md)")
     p.add_argument("--max-entries", type=int, metavar="N",
                    help="ring-buffer entries (default 100,000; older events are dropped)")
+    p.add_argument("--yes", action="store_true",
+                   help="with `apply`: apply even when it unsets an option or comes from a "
+                   "recording of another run (it says what changes first)")
+    p.add_argument("--demo", action="store_true",
+                   help="with `apply`: the bundled recording's winner (what `flight demo` shows)")
     p.set_defaults(handler=run_flight)
 
 
-def run_flight(args: argparse.Namespace, ctx: Any) -> Any:
+def run_flight(args: argparse.Namespace, ctx: MagicContext) -> Any:
     from allocconf_widget.app import flight
 
+    if (args.yes or args.demo) and args.action != "apply":
+        raise RuntimeStateError(f"--yes and --demo go with `flight apply`, not `flight {args.action}`")
     if args.action != "on" and (args.stacks or args.max_entries is not None):
         raise RuntimeStateError(f"--stacks and --max-entries go with `flight on`, not "
                                 f"`flight {args.action}`")
@@ -58,6 +68,9 @@ def run_flight(args: argparse.Namespace, ctx: Any) -> Any:
         return _status(flight)
     if args.action == "demo":
         return _demo(ctx)
+    if args.action == "apply" and args.demo:  # the demo's winner: a recording of another run
+        demo = flight.load_demo_oom()
+        return _apply(flight, demo.capture, ctx, confirmed=args.yes, label="Recording")
     from allocconf_widget.adapters.flight_history import flight_history
 
     capture = flight_history().last_capture()
@@ -71,17 +84,32 @@ def run_flight(args: argparse.Namespace, ctx: Any) -> Any:
             print(line)
         return files
     if args.action == "apply":
-        analysis = flight.analyse(capture)
-        winner = analysis.verdict.winner if analysis.verdict is not None else None
-        if winner is None:
-            raise RuntimeStateError(analysis.verdict.headline if analysis.verdict is not None
-                                    else analysis.verdict_error or "no verdict")
-        outcome = flight.apply_setting(ctx.session, winner.conf)
-        print(f"{'Applied' if outcome.applied else 'Did not apply'} {winner.shown_conf}.")
-        for line in outcome.lines:
-            print(line)
-        return outcome
+        return _apply(flight, capture, ctx, confirmed=args.yes)
     return _show(capture, ctx)
+
+
+def _apply(flight: Any, capture: Any, ctx: MagicContext, *, confirmed: bool, label: str = "") -> Any:
+    """Apply the verdict's winner through the one candidate use case; ask (--yes) first when
+    it would unset an option or comes from a recording of another run."""
+    from allocconf_widget.app.candidates import apply_candidate
+
+    analysis = flight.analyse(capture, kernel=ctx.session.view().effective, label=label)
+    plan = flight.plan_winner(ctx.session, analysis)
+    if plan is None:
+        raise RuntimeStateError(analysis.verdict.headline if analysis.verdict is not None
+                                else analysis.verdict_error or "no verdict")
+    print(f"{plan.describe()}.")
+    if not plan.changes:
+        return None
+    if plan.needs_confirmation and not confirmed:
+        print("Nothing changed: run %allocconf flight apply --yes to apply it.")
+        return plan
+    outcome = apply_candidate(ctx.session, plan)
+    print(outcome.headline())
+    for line in outcome.lines():
+        print(line)
+    print(flight.next_step(outcome))
+    return outcome
 
 
 def _status(flight: Any) -> Any:
@@ -97,37 +125,21 @@ def _status(flight: Any) -> Any:
     return state
 
 
-def _show(capture: Any, ctx: Any, *, label: str = "", settings: Any = None,
-          version: Any = None, settings_text: str | None = None) -> Any:
+def _show(capture: Any, ctx: MagicContext, *, label: str = "", settings: Any = None) -> Any:
     from allocconf_widget.adapters.flight_history import flight_history
+    from allocconf_widget.app.oom import report_for_capture, settings_in_force
     from allocconf_widget.views.widgets.flight import show_flight_oom
-    from allocconf_widget.views.widgets.oom import ObservedOom, build_report, report_html, report_text
 
-    observed = None
-    if capture.requested is not None and capture.limit is not None:
-        observed = ObservedOom(capture.device, capture.requested, capture.limit,
-                               capture.device_free or 0, capture.stats)
-    report = build_report(capture.message or "", settings=settings, torch_version=version,
-                          settings_text=settings_text, observed=observed)
-    view = show_flight_oom(capture, session=ctx.session, report_text=report_text(report),
-                           report_html=report_html(report), label=label)
+    report = report_for_capture(capture, settings or settings_in_force(ctx.session))
+    view = show_flight_oom(capture, session=ctx.session, report=report, label=label)
     if not label:  # a recording shown as a demo never becomes this kernel's last OOM
         flight_history().set_capture(capture)
     return view
 
 
-def _demo(ctx: Any) -> Any:
-    from allocconf_widget._errors import AllocConfError
+def _demo(ctx: MagicContext) -> Any:
     from allocconf_widget.app.flight import load_demo_oom
-    from allocconf_widget.core.versions import parse_version
 
     demo = load_demo_oom()
-    settings = dict(demo.capture.snapshot.get("allocator_settings") or {})
-    try:
-        version = parse_version(demo.capture.torch_version or "2.11").key
-    except AllocConfError:
-        version = (2, 11)
     print(f"Recording (not this kernel): {demo.description}")
-    text = str(settings.get("PYTORCH_CUDA_ALLOC_CONF") or "torch's defaults") + " (as recorded)"
-    return _show(demo.capture, ctx, label="Recording", settings=settings, version=version,
-                 settings_text=text)
+    return _show(demo.capture, ctx, label="Recording", settings=demo.settings)

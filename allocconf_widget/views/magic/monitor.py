@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from allocconf_widget._errors import SnapshotError
 from allocconf_widget.views.charts.monitor_render import RENDERERS
 
+if TYPE_CHECKING:
+    from allocconf_widget.views.magic.context import MagicContext, SubParsers
 
-def register(subparsers: Any) -> None:
+
+def register(subparsers: SubParsers) -> None:
     """Add ``monitor`` and ``report`` to the magic's parser."""
     p = subparsers.add_parser(
         "monitor", help="live GPU memory chart: reserved, allocated, non-PyTorch, fragmentation",
@@ -50,15 +53,15 @@ def _usage(message: str) -> Exception:
 
 
 def _in_terminal() -> bool:
-    from allocconf_widget.adapters.frontend import Frontend, detect_frontend
+    from allocconf_widget.adapters.frontend import detect_frontend
 
-    return detect_frontend() in (Frontend.TERMINAL, Frontend.PLAIN)
+    return not detect_frontend().shows_widgets
 
 
 # ----------------------------------------------------------------- monitor
 
 
-def run_monitor(args: argparse.Namespace, _ctx: Any) -> Any:
+def run_monitor(args: argparse.Namespace, _ctx: MagicContext) -> Any:
     """``%allocconf monitor [start|stop|status]``; start returns the MonitorView."""
     from allocconf_widget.views.widgets import monitor
 
@@ -106,7 +109,7 @@ def _status(view: Any) -> dict[str, Any]:
 # ----------------------------------------------------------------- report
 
 
-def run_report(args: argparse.Namespace, _ctx: Any) -> dict[str, Any]:
+def run_report(args: argparse.Namespace, _ctx: MagicContext) -> dict[str, Any]:
     """``%allocconf report [--device N] [--json]``: returns the JSON document (with ``source``)."""
     from allocconf_widget.app.report import report_live
     from allocconf_widget.views.text.report import render_report

@@ -8,10 +8,13 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from allocconf_widget.views.magic.context import MagicContext, SubParsers
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: SubParsers) -> None:
     """Add ``ranks`` to the magic's parser."""
     p = subparsers.add_parser(
         "ranks", help="follow processes launched from this notebook (spawn, notebook_launcher, torchrun)",
@@ -24,7 +27,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(handler=run_ranks)
 
 
-def run_ranks(args: argparse.Namespace, _ctx: Any) -> Any:
+def run_ranks(args: argparse.Namespace, _ctx: MagicContext) -> Any:
     from allocconf_widget.app.ranks import rank_board
     from allocconf_widget.views.text.ranks import render_ranks
 

@@ -10,13 +10,15 @@ shows the same with charts and an Apply button per candidate.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from allocconf_widget._errors import RuntimeStateError, SnapshotError
-from allocconf_widget.app.simulate import RECORDING_KEY
+
+if TYPE_CHECKING:
+    from allocconf_widget.views.magic.context import MagicContext, SubParsers
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: SubParsers) -> None:
     """Add ``record`` (cell) and ``simulate`` to the magic's parser."""
     p = subparsers.add_parser(
         "record", help="%%%%allocconf record: run the cell with allocation history on",
@@ -36,7 +38,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(handler=run_simulate)
 
 
-def run_record(args: argparse.Namespace, ctx: Any) -> Any:
+def run_record(args: argparse.Namespace, ctx: MagicContext) -> Any:
     from allocconf_widget.adapters.recorder import record
 
     if ctx.cell is None:
@@ -56,7 +58,7 @@ def run_record(args: argparse.Namespace, ctx: Any) -> Any:
         recorder.__exit__(type(exc), exc, exc.__traceback__)
         raise
     recorder.__exit__(None, None, None)
-    ctx.session.extras[RECORDING_KEY] = rec
+    ctx.session.set_recording(rec)
     if args.save and rec.snapshot is not None:
         from allocconf_widget.app.exports import viewer_torch
         from allocconf_widget.core.memory.snapshot import save_snapshot
@@ -72,21 +74,18 @@ def run_record(args: argparse.Namespace, ctx: Any) -> Any:
     return rec
 
 
-def run_simulate(args: argparse.Namespace, ctx: Any) -> Any:
+def run_simulate(args: argparse.Namespace, ctx: MagicContext) -> Any:
     from allocconf_widget.app.simulate import SimulationRequest, simulate, trace_source
     from allocconf_widget.views.text.simulate import render_simulation
 
     try:
         # "current" is what this kernel runs, as in the What if? tab (one session state)
-        current = str(ctx.session.view().effective.to_string())
         report = simulate(trace_source(ctx.session, args.trace, args.demo),
                           SimulationRequest(confs=tuple(args.conf), rank=True, fraction=args.fraction,
-                                            current_conf=current))
+                                            kernel=ctx.session.view().effective))
     except SnapshotError as exc:
         raise RuntimeStateError(str(exc)) from None
     print(render_simulation(report), end="")
-    for note in (report.version_note, *report.notes):
-        if note:
-            print(f"note: {note}")
-    ctx.session.extras["whatif"] = report
+    for note in report.all_notes():
+        print(f"note: {note}")
     return report

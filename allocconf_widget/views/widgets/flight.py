@@ -6,7 +6,11 @@ Shown under a cell that died of a CUDA OOM while the flight recorder was on
 
 * the breakdown the OOM assistant already shows (its HTML is passed in);
 * the verdict: settings that would have avoided the OOM, ranked, with how sure
-  the replay is, and one **Apply** button for the winner (through the Session);
+  the replay is, and one **Apply** button for the winner. The card states one
+  recommendation: once the verdict is in, the rules of thumb above it say that the
+  replay decides. Apply first says what it will set, unset and keep (and, for a recording
+  of another run, that it is not this kernel's) and waits for a yes; then it goes through
+  the one candidate use case (:mod:`allocconf_widget.app.candidates`);
 * the top allocation sites by live bytes at the OOM;
 * the segment map at the OOM (inline SVG: it works in every front end);
 * "Open in PyTorch's viewer" and "Download snapshot" buttons.
@@ -24,20 +28,26 @@ from html import escape
 from typing import Any
 
 from allocconf_widget.adapters.flight_history import OomCapture, flight_history
+from allocconf_widget.app.candidates import CandidatePlan, apply_candidate
 from allocconf_widget.app.flight import (
     CDN_NOTE,
-    ApplyOutcome,
     FlightAnalysis,
     ViewerFiles,
     analyse,
-    apply_setting,
     export_for_viewer,
+    next_step,
+    plan_winner,
+    recommendation_of,
     with_verdict_of,
 )
+from allocconf_widget.app.oom import OomReport
+from allocconf_widget.app.session import ApplyOutcome
 from allocconf_widget.core.units import format_bytes
 from allocconf_widget.views.charts.segment_map import build_segment_map
 from allocconf_widget.views.charts.segment_map_svg import segment_map_svg
 from allocconf_widget.views.text.flight import analysis_lines
+from allocconf_widget.views.text.oom import report_text
+from allocconf_widget.views.widgets.oom_card import report_html
 
 _GOOD, _BAD, _MUTED = "#2ca02c", "#d62728", "#666"
 #: Segments drawn one per row; smaller ones are summed into one row (totals stay exact).
@@ -82,13 +92,15 @@ def verdict_html(analysis: FlightAnalysis) -> str:
 class FlightOomView:
     """The widgets; ``view.widget`` is what gets displayed."""
 
-    def __init__(self, analysis: FlightAnalysis, *, session: Any, report_html: str = "",
+    def __init__(self, analysis: FlightAnalysis, *, session: Any, report: OomReport | None = None,
                  background: bool = False) -> None:
         import ipywidgets as W
 
         self.session = session
         self.analysis = analysis
+        self.report = report
         self.applied: ApplyOutcome | None = None
+        self.plan: CandidatePlan | None = None
         self.files: ViewerFiles | None = None
         self._lock = threading.Lock()
         smap = build_segment_map(analysis.snapshot, device=analysis.capture.device,
@@ -96,7 +108,7 @@ class FlightOomView:
         self.caption = smap.caption
         self.header = W.HTML(f"<div style='color:{_MUTED};font-size:12px'>"
                              f"{escape(analysis.capture_line())}</div>")
-        self.breakdown = W.HTML(report_html)
+        self.breakdown = W.HTML(report_html(report) if report is not None else "")
         self.sites = W.HTML(sites_html(analysis))
         self.sites.add_class("allocconf-flight-sites")
         self.segments = W.HTML(f"<div><b>Segments at the OOM</b> — {escape(smap.caption)}</div>"
@@ -107,7 +119,18 @@ class FlightOomView:
         self.apply_button = W.Button(description="Apply", button_style="success", icon="check",
                                      disabled=True, layout=W.Layout(display="none"))
         self.apply_button.add_class("allocconf-flight-apply")
-        self.apply_button.on_click(lambda _b: self.apply_winner())
+        self.apply_button.on_click(lambda _b: self.ask())
+        # the confirm step: what Apply will change, then a yes
+        self.question = W.HTML()
+        self.question.add_class("allocconf-flight-question")
+        self.yes = W.Button(description="Apply these settings", button_style="warning",
+                            layout=W.Layout(width="auto"))
+        self.yes.add_class("allocconf-flight-confirm")
+        self.yes.on_click(lambda _b: self.apply_winner())
+        self.no = W.Button(description="Cancel", layout=W.Layout(width="auto"))
+        self.no.add_class("allocconf-flight-cancel")
+        self.no.on_click(lambda _b: self._hide_confirm())
+        self.confirm = W.HBox([self.question, self.yes, self.no], layout=W.Layout(display="none"))
         self.result = W.HTML()
         self.result.add_class("allocconf-flight-result")
         self.viewer_button = W.Button(description="Open in PyTorch's viewer", icon="external-link",
@@ -125,7 +148,7 @@ class FlightOomView:
         self.links: Any = None
         # The answer first: the verdict and its Apply button sit right under the breakdown.
         self.widget = W.VBox([
-            self.header, self.breakdown, self.verdict, W.HBox([self.apply_button, self.result]),
+            self.header, self.breakdown, self.verdict, self.apply_button, self.confirm, self.result,
             self.sites, self.segments,
             W.HBox([self.viewer_button, self.download_button]), self.viewer_status,
         ])
@@ -149,26 +172,54 @@ class FlightOomView:
 
     def _show_verdict(self) -> None:
         self.verdict.value = verdict_html(self.analysis)
+        if self.report is not None:  # one recommendation: the rules of thumb yield to the replay
+            self.breakdown.value = report_html(self.report,
+                                               recommendation_of(self.report, self.analysis.verdict))
         winner = self.analysis.verdict.winner if self.analysis.verdict is not None else None
         if winner is not None:
-            self.apply_button.description = f"Apply {winner.shown_conf}"[:60]
-            self.apply_button.tooltip = f"apply {winner.shown_conf} through the session"
-            self.apply_button.layout.display = "inline-flex"
+            self.apply_button.description = f"Apply {winner.shown_conf}"
+            self.apply_button.tooltip = ("see what it changes, then confirm"
+                                         + (" (a recording of another run)" if self.analysis.label
+                                            else ""))
+            self.apply_button.layout.display = ""
             self.apply_button.layout.width = "auto"
             self.apply_button.disabled = False
 
-    def apply_winner(self) -> ApplyOutcome | None:
-        """Apply the verdict's winner the right way for this runtime; say what to re-run."""
-        verdict = self.analysis.verdict
-        if verdict is None or verdict.winner is None:
+    def ask(self) -> CandidatePlan | None:
+        """The confirm step: what Apply would set, unset and keep, with Apply / Cancel."""
+        try:
+            plan = plan_winner(self.session, self.analysis)
+        except Exception as exc:  # not valid for this kernel's torch: say why, change nothing
+            self.result.value = f"<span style='color:{_BAD}'>✖ {escape(str(exc))}</span>"
             return None
-        outcome = apply_setting(self.session, verdict.winner.conf)
+        if plan is None:
+            return None
+        self.plan = plan
+        self.result.value = ""
+        self.question.value = f"{escape(plan.describe())}."
+        self.yes.layout.display = "" if plan.changes else "none"
+        self.confirm.layout.display = ""
+        return plan
+
+    def _hide_confirm(self) -> None:
+        self.confirm.layout.display = "none"
+
+    def apply_winner(self) -> ApplyOutcome | None:
+        """Apply the confirmed plan the right way for this runtime; say what to re-run."""
+        plan = self.plan
+        if plan is None:
+            return None
+        self._hide_confirm()
+        try:
+            outcome = apply_candidate(self.session, plan)
+        except Exception as exc:  # invalid for this torch, or torch refusing it: say so
+            self.result.value = (f"<div style='color:{_BAD}'><b>Not applied.</b></div>"
+                                 f"<div>{escape(str(exc))}</div>")
+            return None
         self.applied = outcome
-        color = _GOOD if outcome.applied else _BAD
-        head = (f"Applied {escape(verdict.winner.shown_conf)}." if outcome.applied
-                else "Not applied.")
-        body = "<br>".join(escape(line) for line in outcome.lines)
-        self.result.value = f"<div style='color:{color}'><b>{head}</b></div><div>{body}</div>"
+        body = "<br>".join(escape(line) for line in [*outcome.lines(), next_step(outcome)])
+        self.result.value = (f"<div style='color:{_GOOD}'><b>{escape(outcome.headline())}</b></div>"
+                             f"<div>{body}</div>")
         return outcome
 
     def open_viewer(self, *, html: bool = True) -> ViewerFiles | None:
@@ -214,19 +265,25 @@ def flight_capture_for_cell(since: float | None) -> OomCapture | None:
     return capture
 
 
-def show_flight_oom(capture: OomCapture, *, session: Any, report_text: str, report_html: str,
+def show_flight_oom(capture: OomCapture, *, session: Any, report: OomReport,
                     label: str = "") -> FlightOomView | None:
-    """Display the OOM view under the cell (text in terminal IPython); returns the widget view."""
-    from allocconf_widget.adapters.frontend import Frontend, detect_frontend
+    """Display the OOM view under the cell (text in terminal IPython); returns the widget view.
 
-    if detect_frontend() in (Frontend.TERMINAL, Frontend.PLAIN):
-        analysis = analyse(capture, label=label)
+    ``label`` names a recording that is not this kernel's ("Recording"): its Apply says so.
+    """
+    from allocconf_widget.adapters.frontend import detect_frontend
+
+    kernel = session.view().effective
+    if not detect_frontend().shows_widgets:
+        analysis = analyse(capture, kernel=kernel, label=label)
         smap = build_segment_map(analysis.snapshot, device=capture.device)
-        print("\n".join([report_text, *analysis_lines(analysis, segment_caption=smap.caption)]))
+        recommendation = recommendation_of(report, analysis.verdict)
+        print("\n".join([report_text(report, recommendation),
+                         *analysis_lines(analysis, segment_caption=smap.caption)]))
         return None
     from IPython.display import display
 
-    view = FlightOomView(analyse(capture, with_verdict=False, label=label), session=session,
-                         report_html=report_html, background=True)
+    view = FlightOomView(analyse(capture, kernel=kernel, with_verdict=False, label=label),
+                         session=session, report=report, background=True)
     display(view.widget)
     return view

@@ -92,7 +92,7 @@ class Panel:
         self.widget = W.VBox([self.tabs])
         self.widget.add_class("allocconf-panel")
         self.whatif: Any = None  # the What if? tab's view, built when first opened
-        self._shown_apply = session.last_apply  # an apply from before the panel is not news
+        self._shown_outcome = session.last_outcome  # an apply from before the panel is not news
         self._unsubscribe = session.subscribe(self._session_changed)
         self._refresh_status()
 
@@ -113,7 +113,7 @@ class Panel:
         self.restart_button.layout.display = "" if self._restart_worthwhile(status) else "none"
 
     def _restart_worthwhile(self, status: Any) -> bool:
-        last = self.model.session.last_apply
+        last = self.model.session.last_outcome
         return status.restart_needed or bool(last and last.restart_needed)
 
     def _apply_clicked(self, _button: Any) -> None:
@@ -130,20 +130,21 @@ class Panel:
                 return
 
     def _show_last_apply(self) -> None:
-        """The session's last apply, whoever made it (this tab, the What if? tab, the magic):
-        a message about an earlier apply would contradict the rows above it."""
+        """The session's last apply, whoever made it (this tab, the What if? tab, the OOM card,
+        the magic), and what is saved now: a message about an earlier apply, or a "saved" line
+        after ``%allocconf forget``, would contradict the rows above it."""
         session = self.model.session
-        result = session.last_apply
-        if result is None or result is self._shown_apply:
+        outcome = session.last_outcome
+        if outcome is None or outcome is self._shown_outcome:
             return
-        self._shown_apply = result
-        lines = [html.escape(line) for line in result.summary().splitlines()]
-        saved = session.last_save
-        if saved is not None:
-            style = "" if saved.saved else " style='color:#b00020'"
-            mark = "" if saved.saved else "⚠ "
-            lines.append(f"<span{style}>{mark}{html.escape(saved.message())}</span>")
-        self.result.value = "<b>Applied.</b><br>" + "<br>".join(lines)
+        self._shown_outcome = outcome
+        lines = []
+        for line in outcome.lines():
+            saved = (outcome.save is not None and line == outcome.save.message()
+                     and not outcome.save.saved)
+            lines.append(f"<span style='color:#b00020'>⚠ {html.escape(line)}</span>" if saved
+                         else html.escape(line))
+        self.result.value = f"<b>{html.escape(outcome.headline())}</b><br>" + "<br>".join(lines)
 
     def _restart_clicked(self, _button: Any) -> None:
         from allocconf_widget.adapters.frontend import restart
@@ -156,11 +157,14 @@ class Panel:
         outcome = restart()
         self.result.value = html.escape(outcome.message)
 
-    def _snippet_clicked(self, _button: Any) -> None:
+    def _snippet_text(self) -> str:
         snips = self.model.snippets()
-        text = (f"# notebook cell, before `import torch`\n{snips['magic']}\n\n"
+        return (f"# notebook cell, before `import torch`\n{snips['magic']}\n\n"
                 f"# Python, before `import torch`\n{snips['python']}\n\n"
                 f"# shell\n{snips['shell']}\n")
+
+    def _snippet_clicked(self, _button: Any) -> None:
+        text = self._snippet_text()
         self.snippet_area.value = text
         self.snippet_area.layout.display = ""
         self.snippet_note.value = (f"<span class='allocconf-copy-{self._copy_id}'>The lines are below; "
@@ -197,6 +201,8 @@ class Panel:
             self.banner.value = self.model.banner_html()
             self._refresh_status()
             self._show_last_apply()
+            if self.snippet_area.layout.display != "none":  # the copied lines follow the settings
+                self.snippet_area.value = self._snippet_text()
 
     def _tab_changed(self, change: Any) -> None:
         index = change["new"]
@@ -234,9 +240,9 @@ def _lazy_tab(index: int) -> Any:
 
 def show_panel(session: Session) -> Panel | None:
     """Display the panel in a notebook, or print a text summary in a terminal."""
-    from allocconf_widget.adapters.frontend import Frontend, detect_frontend
+    from allocconf_widget.adapters.frontend import detect_frontend
 
-    if detect_frontend() in (Frontend.TERMINAL, Frontend.PLAIN):
+    if not detect_frontend().shows_widgets:
         _print_text_panel(session)
         return None
     from IPython.display import display

@@ -8,11 +8,14 @@ chart of predicted peak reserved memory, the reserved-over-time curves, and
 one row per candidate with its reason and an *Apply* button that goes through
 the lifecycle logic (applied now / at first CUDA use / needs restart).
 
-"Current" is this kernel's effective configuration, read from the Session (the
-recording's own settings get a row of their own). A row's Apply first says what
-it will set and unset and waits for a confirmation; the outcome appears under
-that row. The tab follows the Session: an Apply made anywhere moves the
-"current" mark.
+The ranking is the one of every front end (:func:`allocconf_widget.app.simulate.simulate`
+with ``rank=True``): "current" is this kernel's effective configuration, read from the
+Session (the recording's own settings get a row of their own), and only settings this
+kernel's torch takes are offered. A row's Apply goes through the one candidate use case
+(:mod:`allocconf_widget.app.candidates`): it first says what it will set, unset and keep and
+waits for a confirmation; the outcome appears under that row. The tab follows the Session:
+when an Apply made anywhere changes what the kernel runs, the rows are ranked again against
+it (the trace is already decoded; the outcome under the applied row stays).
 
 Speed: the first Compare must answer at once. Building the tab starts decoding
 the trace in a background thread (kept per session, so a new panel reuses it),
@@ -31,18 +34,29 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from allocconf_widget.app.candidates import CandidatePlan, apply_candidate, plan_candidate, plan_for_session
+from allocconf_widget.app.session import ApplyOutcome, Session
+from allocconf_widget.app.simulate import SimulationReport, SimulationRequest, SimulationRow, simulate
 from allocconf_widget.core.units import format_bytes
 from allocconf_widget.views.charts.style import COLORS
 
+Run = tuple[str, list[float], list[float], float, bool]  # label, x, reserved, peak, OOM
 
-def _runs(recommendation: Any, limit: int = 6) -> list[tuple[str, list[float], list[float], float, bool]]:
+
+def _runs(report: SimulationReport, limit: int = 6) -> list[Run]:
+    """The rows the charts draw: the best ``limit``, and always the kernel's own (every row is
+    compared with it)."""
+    shown = list(report.rows[:limit])
+    current = report.current
+    if current is not None and current not in shown:
+        shown[-1] = current
     runs = []
-    for cand in recommendation.candidates[:limit]:
-        series = cand.result.series
-        label = (cand.conf or "(torch defaults)") + (" (this kernel)" if cand.is_current else "")
+    for row in shown:
+        series = row.result.series
+        label = row.shown_conf + (" (this kernel)" if row.is_current else "")
         runs.append((label, [float(i) for i in series.event_index],
-                     [float(v) for v in series.reserved_bytes], float(cand.result.peak_reserved_bytes),
-                     cand.result.oom is not None))
+                     [float(v) for v in series.reserved_bytes], float(row.result.peak_reserved_bytes),
+                     row.result.oom is not None))
     return runs
 
 
@@ -94,19 +108,7 @@ def overlay_svg(runs: list[tuple[str, list[float], list[float], float, bool]],
     return "".join(parts)
 
 
-_CACHE_KEY = "whatif_trace_cache"
 _ERROR = "<span style='color:#b00020'>✖ {}</span>"
-
-
-def _trace_cache(session: Any) -> Any:
-    """The session's :class:`~allocconf_widget.app.simulate.TraceCache` (one per kernel)."""
-    from allocconf_widget.app.simulate import TraceCache
-
-    with session.lock:
-        cache = session.extras.get(_CACHE_KEY)
-        if cache is None:
-            cache = session.extras[_CACHE_KEY] = TraceCache()
-        return cache
 
 
 @dataclass
@@ -127,13 +129,12 @@ class _Row:
 class WhatIfView:
     """The tab's widgets. ``view.widget`` is displayed; ``view.run()`` computes (any thread)."""
 
-    def __init__(self, session: Any, renderer: str = "auto") -> None:
+    def __init__(self, session: Session, renderer: str = "auto") -> None:
         import ipywidgets as W
 
         self.session = session
         self.renderer = renderer
         self._lock = threading.Lock()
-        self._cache_lock = threading.Lock()
         self.source = W.HTML()
         self.run_button = W.Button(description="Compare settings", icon="play",
                                    button_style="primary",
@@ -152,9 +153,11 @@ class WhatIfView:
         self.widget = W.VBox([W.HBox([self.run_button, self.progress, self.source]), self.current,
                               self.summary, self.charts, self.rows])
         self.widget.add_class("allocconf-whatif")
-        self.recommendation: Any = None
+        self.report: SimulationReport | None = None
         self.compared_with: str | None = None
+        self.rerank: threading.Thread | None = None  # a re-ranking after an Apply, if one runs
         self._rows: list[_Row] = []
+        self._outcomes: dict[str, str] = {}  # row conf → the outcome shown under it
         self._describe_source()
         self._show_current()
         self._unsubscribe = session.subscribe(self._session_changed)
@@ -164,19 +167,13 @@ class WhatIfView:
 
     # -- the trace, decoded ahead of the first click --------------------------------
     def _decode_quietly(self) -> None:
-        with self._cache_lock, contextlib.suppress(Exception):  # run() reports any error
-            _trace_cache(self.session).get(self.session)
-
-    def _trace(self) -> tuple[Any, Any]:
-        with self._cache_lock:
-            return _trace_cache(self.session).get(self.session)
+        with contextlib.suppress(Exception):  # run() reports any error
+            self.session.trace_cache.get(self.session)
 
     # -- header lines -------------------------------------------------------------
     def _describe_source(self) -> None:
-        from allocconf_widget.app.simulate import RECORDING_KEY
-
-        rec = self.session.extras.get(RECORDING_KEY)
-        self.source.value = ("<i>trace: the last %%allocconf record</i>" if rec is not None
+        self.source.value = ("<i>trace: the last %%allocconf record</i>"
+                             if self.session.recording is not None
                              else "<i>trace: the bundled H200 recording (no %%allocconf record "
                                   "in this session yet)</i>")
 
@@ -184,34 +181,38 @@ class WhatIfView:
         return str(self.session.view().effective.to_string())
 
     def _show_current(self) -> None:
-        now = self._effective()
-        line = f"This kernel runs <code>{html.escape(now or '(torch defaults)')}</code>"
+        from allocconf_widget.adapters.runtime_state import Phase
+
+        view = self.session.view()
+        now = view.effective.to_string()
+        shown = html.escape(now or "(torch defaults)")
+        if view.state.phase is Phase.NO_CUDA:  # as the Settings tab says: nothing reads them here
+            line = (f"This kernel's torch has no CUDA, so no allocator reads its settings "
+                    f"(<code>{shown}</code>); the rows compare with them as a GPU kernel would run them")
+        else:
+            line = f"This kernel runs <code>{shown}</code>"
         if self.compared_with is not None and self.compared_with != now:
             line += (f"; the rows below were compared with <code>"
                      f"{html.escape(self.compared_with or '(torch defaults)')}</code>: "
-                     "Compare again to re-rank them")
+                     "ranking them again…")
         self.current.value = line + "."
 
     # -- Compare ---------------------------------------------------------------------
-    def run(self) -> Any:
-        """Replay the candidates and render the comparison."""
-        from allocconf_widget.app.simulate import what_if
-        from allocconf_widget.core.versions import installed_torch_version
-
+    def run(self) -> SimulationReport | None:
+        """Replay the candidates (the one ranking) and render the comparison."""
         with self._lock:
             self.run_button.disabled = True
             self.summary.value = "<i>Replaying the trace under each candidate…</i>"
             self.progress.value, self.progress.layout.display = 0, ""
             self.progress.description = "reading"
             try:
-                source, trace = self._trace()
-                current = self._effective()
-                report = what_if(source, trace=trace, current_conf=current, progress=self._progress,
-                                 offer_release=installed_torch_version())
-                self.recommendation = report.recommendation
-                self.compared_with = current
-                self.session.extras["whatif"] = report.recommendation
-                self._render(report.headline(), report.notes)
+                source, trace = self.session.trace_cache.get(self.session)
+                kernel = self.session.view().effective
+                report = simulate(source, SimulationRequest(rank=True, kernel=kernel,
+                                                            progress=self._progress), trace)
+                self.report = report
+                self.compared_with = kernel.to_string()
+                self._render(report)
             except Exception as exc:  # shown in the tab; never breaks the panel
                 self.summary.value = _ERROR.format(html.escape(str(exc)))
             finally:
@@ -219,34 +220,35 @@ class WhatIfView:
                 self.progress.layout.display = "none"
                 self._describe_source()
                 self._show_current()
-        return self.recommendation
+        return self.report
 
     def _progress(self, done: int, total: int) -> None:
         self.progress.max = total
         self.progress.value = done
         self.progress.description = f"{done}/{total}"
 
-    def _render(self, header: list[str], source_notes: tuple[str, ...] = ()) -> None:
-        rec = self.recommendation
-        notes = [html.escape(n) for n in (*source_notes, *rec.notes)]
-        self.summary.value = "<br>".join([html.escape(h) for h in header] + notes)
-        runs = _runs(rec)
-        self.charts.children = self._charts(runs)
-        self._rows = [self._row(cand) for cand in rec.candidates]
+    def _render(self, report: SimulationReport) -> None:
+        notes = [html.escape(n) for n in report.all_notes()]
+        self.summary.value = "<br>".join([html.escape(h) for h in report.headline()] + notes)
+        self.charts.children = self._charts(_runs(report))
+        self._rows = [self._row(row) for row in report.rows]
         self._mark_rows()  # before they are shown: no row ever appears with the wrong Apply state
+        for row in self._rows:  # an outcome stays under its row across a new ranking
+            if row.conf in self._outcomes:
+                self._say(row, self._outcomes[row.conf])
         self.rows.children = [row.box for row in self._rows]
 
-    def _row(self, cand: Any) -> _Row:
+    def _row(self, sim_row: SimulationRow) -> _Row:
         import ipywidgets as W
 
         apply = W.Button(description="Apply", layout=W.Layout(width="80px"))
         apply.add_class("allocconf-whatif-apply")
-        tag = " <b>(this kernel)</b>" if cand.is_current else ""
-        label = W.HTML(f"<code>{html.escape(cand.conf or '(torch defaults)')}</code>{tag} — "
-                       f"{html.escape(cand.reason)}", layout=W.Layout(width="85%"))
+        tag = " <b>(this kernel)</b>" if sim_row.is_current else ""
+        label = W.HTML(f"<code>{html.escape(sim_row.shown_conf)}</code>{tag} — "
+                       f"{html.escape(sim_row.reason or '')}", layout=W.Layout(width="85%"))
         box = W.VBox([W.HBox([apply, label])])
         box.add_class("allocconf-whatif-row")
-        row = _Row(cand.conf, cand.is_current, apply, box)
+        row = _Row(sim_row.conf, sim_row.is_current, apply, box)
         apply.on_click(lambda _b: self.ask(row))
         return row
 
@@ -286,12 +288,10 @@ class WhatIfView:
 
     def _mark_rows(self) -> None:
         """Apply is enabled on every row that would change what this kernel runs."""
-        from allocconf_widget.app.simulate import row_apply_from
-
         applied = self.session.view().applied
         for row in self._rows:
             try:
-                row.apply.disabled = not row_apply_from(applied, row.conf).changes
+                row.apply.disabled = not plan_candidate(applied, row.conf).changes
             except Exception:  # not valid for the installed torch: Apply explains why
                 row.apply.disabled = False
             row.apply.tooltip = "this kernel runs these settings" if row.apply.disabled else (
@@ -318,13 +318,12 @@ class WhatIfView:
     def _find(self, conf: str) -> _Row | None:
         return next((row for row in self._rows if row.conf == conf), None)
 
-    def ask(self, row: _Row) -> Any:
-        """The confirm step: what Apply would set and unset, with Apply / Cancel under the row."""
-        from allocconf_widget.app.simulate import plan_row_apply
-
+    def ask(self, row: _Row) -> CandidatePlan | None:
+        """The confirm step: what Apply would set, unset and keep, with Apply / Cancel under the row."""
         self._say(row, "")
+        self._outcomes.pop(row.conf, None)
         try:
-            plan = plan_row_apply(self.session, row.conf)
+            plan = plan_for_session(self.session, row.conf)
         except Exception as exc:  # the row's string is not valid for the installed torch
             self._say(row, _ERROR.format(html.escape(str(exc))))
             return None
@@ -338,34 +337,46 @@ class WhatIfView:
         if row.confirm is not None:
             row.confirm.layout.display = "none"
 
-    def apply(self, conf: str) -> Any:
-        """Apply the row ``conf`` through the lifecycle logic; show what happened under that row."""
-        from allocconf_widget.app.simulate import plan_row_apply
-
+    def apply(self, conf: str) -> ApplyOutcome | None:
+        """Apply the row ``conf`` through the one candidate use case; show what happened under it."""
         row = self._find(conf)
         if row is not None:
             self._hide_confirm(row)
-        shown = html.escape(conf or "(torch defaults)")
         try:
-            plan = plan_row_apply(self.session, conf)
-            self.session.stage(plan.target, eager=False)
-            result = self.session.apply()
+            outcome = apply_candidate(self.session, plan_for_session(self.session, conf))
         except Exception as exc:  # an invalid candidate for this torch, or torch refusing it
             if row is not None:
                 self._say(row, _ERROR.format(html.escape(str(exc))))
             return None
-        lines = "<br>".join(html.escape(line) for line in result.summary().splitlines())
+        text = (f"<b>{html.escape(outcome.headline())}</b> "
+                + "<br>".join(html.escape(line) for line in outcome.lines()))
+        self._outcomes[conf] = text
+        row = self._find(conf)  # the Session's notification may have ranked the rows again
         if row is not None:
-            self._say(row, f"<b>Applied {shown}.</b> {html.escape(plan.done())}.<br>{lines}")
-        return result
+            self._say(row, text)
+        return outcome
 
     # -- the Session changed (an Apply here, in the Settings tab or by the magic) ----------
     def _session_changed(self) -> None:
+        self._describe_source()
         self._show_current()
-        self._mark_rows()
+        if self.report is not None and self.compared_with != self._effective():
+            # every row's "vs … now" and the "(this kernel)" mark are about the old settings:
+            # rank again against what the kernel runs now (the trace is decoded already)
+            self._start_rerank()
+        else:
+            self._mark_rows()
+
+    def _start_rerank(self) -> None:
+        running = self.rerank
+        if running is not None and running.is_alive():
+            return
+        self.rerank = threading.Thread(target=self.run, name="allocconf-whatif-rerank", daemon=True)
+        self.rerank.start()
 
     def close(self) -> None:
         """Stop following the Session (and let the trace decoding started by the tab end)."""
         self._unsubscribe()
         self._warm.join(timeout=10)
-
+        if self.rerank is not None:
+            self.rerank.join(timeout=30)

@@ -1,0 +1,29 @@
+"""In a real JupyterLab 4 and Notebook 7: the snippet box, the What-if rows and the saved line
+show the Session's state after each action (see ``session_follow.py``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.session_follow import views_follow_the_session
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(autouse=True)
+def _clean_saved_settings(no_saved_settings):
+    """Each test starts without settings saved by an earlier test's Apply."""
+
+
+@pytest.mark.parametrize("ui", ["lab", "notebook"])
+def test_views_follow_the_session(notebook_page, ui):
+    nb = notebook_page(["%load_ext allocconf_widget", "import torch\n%allocconf"], ui=ui)
+    nb.run_all(timeout=120)
+    panel = nb.page.locator(".allocconf-panel")
+    panel.wait_for(state="visible", timeout=30_000)
+
+    def run_magic(line: str) -> None:
+        reply = nb.execute(f"get_ipython().run_line_magic('allocconf', {line!r})")
+        assert reply.error is None, reply
+
+    views_follow_the_session(nb, panel, run_magic)
