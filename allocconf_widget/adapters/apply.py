@@ -120,6 +120,10 @@ def apply(requested: AllocConf | str, *, environ: MutableMapping[str, str] | Non
 
 
 def _validated(requested: AllocConf | str, state: RuntimeState) -> AllocConf:
+    """``requested`` checked against the installed torch: an ``AllocConf`` parsed for that
+    release already is (it is immutable), so only text or another release's is parsed."""
+    if isinstance(requested, AllocConf) and requested.torch_version.key == state.version.key:
+        return requested
     text = requested.to_string() if isinstance(requested, AllocConf) else requested
     return parse_conf(text, state.version, warn=False)
 

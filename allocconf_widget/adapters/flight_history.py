@@ -277,8 +277,8 @@ class FlightHistory:
         with self._lock:
             self._capture = None
 
-    def set_capture(self, capture: OomCapture) -> None:
-        """Hold ``capture`` as the last one (the demo and tests use a recorded one)."""
+    def set_capture(self, capture: OomCapture | None) -> None:
+        """Hold ``capture`` as the last one (tests use a recorded one); None forgets it."""
         with self._lock:
             self._capture = capture
 

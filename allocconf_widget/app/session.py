@@ -195,6 +195,9 @@ class Session:
         from allocconf_widget.app.simulate import TraceCache
 
         self.trace_cache = TraceCache()  # the What-if's decoded trace, shared by its tabs
+        from allocconf_widget.app.monitor import Monitors
+
+        self.monitors = Monitors()  # at most one memory monitor runs per shell
 
     # -- the last %%allocconf record ---------------------------------------------
     @property

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 class TraceSource:
     """A trace to replay and what is known about the run that produced it."""
 
-    snapshot: Any
+    snapshot: Mapping[str, Any]  # torch's snapshot dict (``core.memory.snapshot.Snapshot``)
     label: str
     torch_version: TorchVersion | None  # None: infer from the trace
     device_total: int | None = None
@@ -86,7 +86,7 @@ class VersionChoice:
     note: str | None = None
 
 
-def trace_torch_version(snapshot: Any, trace: Any, *, device_total: int | None,
+def trace_torch_version(snapshot: Mapping[str, Any], trace: Trace, *, device_total: int | None,
                         non_pytorch_bytes: int, fraction: float | None) -> VersionChoice:
     """The release whose rules best reproduce ``trace`` (snapshots do not record their torch)."""
     from allocconf_widget.core.sim.simulator import infer_torch_version
@@ -107,7 +107,7 @@ def trace_torch_version(snapshot: Any, trace: Any, *, device_total: int | None,
                          f"of torch {shown}, which reproduce this trace best ({fidelity.summary()})")
 
 
-def _non_pytorch(source: TraceSource, trace: Any, notes: list[str]) -> int:
+def _non_pytorch(source: TraceSource, trace: Trace, notes: list[str]) -> int:
     """Memory outside the allocator: as given, else estimated when the device total is known
     (a run that fills the card must stop below the device total, as the real one does)."""
     if source.non_pytorch_bytes is not None:

@@ -135,3 +135,27 @@ def test_the_panel_toggle_turns_the_recorder_on_and_off():
         assert not toggle.button.value and "flight recorder off" in toggle.line.value
     finally:
         flight_history().turn_off()
+
+
+def test_the_card_states_one_recommendation_the_replays(view, demo):
+    """torch's message alone suggests expandable segments; the replay found max_split_size_mb:128.
+    The card must not say "What to do: expandable" beside a verdict and button for another setting."""
+    winner = view.analysis.verdict.winner
+    assert winner is not None and winner.conf == demo.meta["winner"]
+    card = html.unescape(view.breakdown.value)
+    assert "What to do" not in card
+    assert ("the replay of what the program really allocated (the verdict) decides, and "
+            f"recommends {winner.conf}") in card
+    advised = [a.conf_change for a in view.report.advice if a.conf_change]
+    assert advised and all(c != winner.conf for c in advised)  # the rules of thumb disagree here …
+    assert "color:#777" in view.breakdown.value  # … so they are shown muted, below the verdict
+    assert view.apply_button.description == f"Apply {winner.conf}"  # one button, the verdict's
+
+
+def test_without_a_verdict_the_rules_of_thumb_are_what_to_do(demo):
+    from allocconf_widget.app.flight import recommendation_of
+    from allocconf_widget.views.text.oom import report_text
+
+    report = build_report(demo.message, demo.settings)
+    text = report_text(report, recommendation_of(report, None))
+    assert "what to do:" in text and "Rules of thumb" not in text

@@ -10,8 +10,10 @@ pytest.importorskip("IPython")
 
 from IPython.core.error import UsageError
 
+from allocconf_widget.app.monitor import MonitorRun
+from allocconf_widget.app.session import get_session
 from allocconf_widget.core.memory.recording import load_demo
-from allocconf_widget.views.widgets.monitor import active_monitor, stop_monitor
+from allocconf_widget.views.widgets.monitor import stop_monitor
 
 
 @pytest.fixture
@@ -26,24 +28,39 @@ def ip():
     shell.run_line_magic("unload_ext", "allocconf_widget")
 
 
-def test_monitor_demo_starts_reports_status_and_stops(ip, capsys):
-    view = ip.run_line_magic("allocconf", "-r monitor --demo --renderer svg --interval 0.05")
-    assert view is active_monitor() and view.running and view.renderer == "svg"
-    assert view.recording is not None
+def _widget_count() -> int:
+    from ipywidgets.widgets import widget
+
+    registry = getattr(widget, "_instances", None)  # ipywidgets 8
+    if registry is None:  # ipywidgets 7 (Colab's)
+        registry = widget.Widget.widgets
+    return len(registry)
+
+
+def test_monitor_demo_in_a_terminal_prints_text_and_builds_no_widget(ip, capsys):
+    pytest.importorskip("ipywidgets")
+    before = _widget_count()
+    run = ip.run_line_magic("allocconf", "-r monitor --demo --renderer svg --interval 0.05")
+    # terminal IPython: the Session's one monitor runs, its status is printed as text, no widget
+    assert isinstance(run, MonitorRun) and run is get_session(ip).monitors.active
+    assert run.running and run.recording is not None
+    assert _widget_count() == before
+    assert "samples" in capsys.readouterr().out
     status = ip.run_line_magic("allocconf", "-r monitor status")
     assert status["running"] is True and status["recording"].startswith("Recording: ")
     stopped = ip.run_line_magic("allocconf", "-r monitor stop")
-    assert stopped is view and not view.running and active_monitor() is None
+    assert stopped is run and not run.running and get_session(ip).monitors.active is None
     out = capsys.readouterr().out
     assert "monitor stopped" in out
     assert ip.run_line_magic("allocconf", "-r monitor status") == {"running": False}
 
 
 def test_the_demo_cuts_idle_stretches_unless_asked_to_keep_them(ip, capsys):
-    view = ip.run_line_magic("allocconf", "-r monitor --demo --renderer svg")
-    assert len(view.source.cuts) == 1
+    run = ip.run_line_magic("allocconf", "-r monitor --demo --renderer svg")
+    assert len(run.source.cuts) == 1
     real_time = ip.run_line_magic("allocconf", "-r monitor --demo --renderer svg --keep-idle")
     assert real_time.source.cuts == []
+    assert run.closed  # the second start replaced the first
     ip.run_line_magic("allocconf", "monitor stop")
     capsys.readouterr()
 

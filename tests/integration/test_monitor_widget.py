@@ -23,8 +23,9 @@ pytest.importorskip("ipywidgets")
 from allocconf_widget.adapters.frontend import Frontend
 from allocconf_widget.adapters.replay import ReplaySampler
 from allocconf_widget.adapters.sampler import Sampler
+from allocconf_widget.app import monitor as app_monitor
+from allocconf_widget.app.monitor import MonitorRun
 from allocconf_widget.core.memory.recording import load_demo
-from allocconf_widget.views.widgets import monitor as monitor_mod
 from allocconf_widget.views.widgets.monitor import (
     MonitorView,
     active_monitor,
@@ -104,10 +105,14 @@ def _no_active_monitor():
     stop_monitor()
 
 
+def _demo_run() -> MonitorRun:
+    return MonitorRun(ReplaySampler(load_demo()), None)
+
+
 def _fast_demo_view(renderer: str = "svg", speed: float = 4.0, skip_idle: float | None = 1.0,
                     **kwargs) -> MonitorView:
     source = ReplaySampler(load_demo(), interval=0.02, speed=speed, skip_idle=skip_idle)
-    return MonitorView(source, renderer=renderer, recording=source.recording,
+    return MonitorView(MonitorRun(source, source.recording), renderer=renderer,
                        frontend=Frontend.JUPYTER, **kwargs)
 
 
@@ -130,7 +135,7 @@ def test_demo_replay_renders_the_recording_and_says_it_is_one(comms):
 
 
 def test_start_monitor_without_a_gpu_replays_the_bundled_recording(comms, monkeypatch):
-    monkeypatch.setattr(monitor_mod, "gpu_expected", lambda: False)  # as on a CPU-only machine
+    monkeypatch.setattr(app_monitor, "gpu_expected", lambda: False)  # as on a CPU-only machine
     view = start_monitor(interval=0.05)
     try:
         assert view.recording is not None and isinstance(view.source, ReplaySampler)
@@ -230,7 +235,8 @@ def test_bytes_per_update_stay_bounded_after_an_hour_at_10_hz(comms, renderer):
 
 def test_concurrent_refreshes_and_device_switches_are_safe(comms):
     sampler = Sampler(interval=1.0)
-    view = MonitorView(sampler, renderer="svg", frontend=Frontend.JUPYTER, min_update_interval=0.0)
+    view = MonitorView(MonitorRun(sampler, None), renderer="svg", frontend=Frontend.JUPYTER,
+                       min_update_interval=0.0)
     errors: list[BaseException] = []
     for d in (0, 1):
         for i in range(200):
@@ -262,7 +268,8 @@ def test_cell_hooks_mark_runs_and_ooms_and_go_away_on_stop(comms):
     torch = pytest.importorskip("torch")
     shell = _test_shell()
     sampler = Sampler(interval=0.05)
-    view = MonitorView(sampler, renderer="svg", frontend=Frontend.JUPYTER, shell=shell).start()
+    view = MonitorView(MonitorRun(sampler, None), renderer="svg", frontend=Frontend.JUPYTER,
+                       shell=shell).start()
     try:
         shell.run_cell("x = 1")
         shell.user_ns["_oom"] = _oom_error(torch)(
@@ -317,9 +324,9 @@ def test_export_buttons_write_files_and_say_where(comms, tmp_path, monkeypatch):
 def test_renderer_choice_per_front_end(comms):
     for frontend, expected in ((Frontend.JUPYTER, "figurewidget"), (Frontend.COLAB, "svg"),
                                (Frontend.VSCODE, "svg"), (Frontend.HEADLESS, "svg")):
-        view = MonitorView(ReplaySampler(load_demo()), renderer="auto", frontend=frontend)
+        view = MonitorView(_demo_run(), renderer="auto", frontend=frontend)
         assert view.renderer == expected, frontend
-    forced = MonitorView(ReplaySampler(load_demo()), renderer="svg", frontend=Frontend.JUPYTER)
+    forced = MonitorView(_demo_run(), renderer="svg", frontend=Frontend.JUPYTER)
     assert forced.renderer == "svg"
 
 
@@ -330,16 +337,16 @@ def test_figurewidget_falls_back_to_svg_with_the_reason(comms, monkeypatch):
         raise ImportError("Please install anywidget to use the FigureWidget class")
 
     monkeypatch.setattr(go, "FigureWidget", broken)
-    view = MonitorView(ReplaySampler(load_demo()), renderer="figurewidget", frontend=Frontend.JUPYTER)
+    view = MonitorView(_demo_run(), renderer="figurewidget", frontend=Frontend.JUPYTER)
     assert view.renderer == "svg"
     view.refresh(force=True)
     assert "anywidget" in view.status.value
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
-    ({"interval": 0}, "interval=0"),
+    ({"interval": 0}, "interval 0 s is too short"),
     ({"renderer": "canvas"}, "renderer='canvas'"),
-    ({"device": -1}, "device=-1"),
+    ({"device": -1}, "device -1: GPU indices start at 0"),
 ])
 def test_start_monitor_rejects_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -359,7 +366,7 @@ def test_live_monitor_waits_for_cuda_without_touching_it(comms, monkeypatch):
     if torch.cuda.is_initialized():
         pytest.skip("CUDA was initialised earlier in this process")
     monkeypatch.setattr(torch.version, "cuda", "12.8")
-    monkeypatch.setattr(monitor_mod, "gpu_expected", lambda: True)
+    monkeypatch.setattr(app_monitor, "gpu_expected", lambda: True)
     view = start_monitor(interval=0.02, renderer="svg")
     try:
         assert view.recording is None
@@ -409,3 +416,27 @@ def test_close_closes_only_the_monitors_own_widgets(comms):
 def _oom_error(torch):
     """The error torch raises on out-of-memory: torch.OutOfMemoryError (2.4+), torch.cuda's before."""
     return getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+
+
+def test_a_replaced_monitor_lets_go_of_its_sampler_and_keeps_its_last_picture():
+    """Each start used to keep the previous view, its sampler and its whole timeline alive
+    (the buttons' callbacks held them): memory grew with every ``%allocconf monitor``."""
+    import gc
+    import weakref
+
+    from allocconf_widget.views.widgets.monitor import start_monitor, stop_monitor
+
+    first = start_monitor(demo=True, renderer="svg", interval=0.05)
+    timeline = weakref.ref(first.source.timeline)
+    chart, buttons = first.chart.widget, list(first.buttons.values())
+    second = start_monitor(demo=True, renderer="svg", interval=0.05)
+    try:
+        assert first.widget.children == (first.header, chart, first.status)  # the picture stays
+        assert "replaced by a newer monitor" in first.status.value
+        assert all(b.comm is None for b in buttons)  # the controls are closed
+        del first, buttons
+        gc.collect()
+        assert timeline() is None  # nothing holds the old timeline any more
+    finally:
+        second.stop()
+        stop_monitor()

@@ -92,9 +92,9 @@ def test_whatif_tab_on_the_bundled_recording():
     result = view.run()
     # the best row the kernel's torch takes (1.13 is not offered expandable segments)
     best = "expandable_segments:True" if OPT_NAME == "expandable_segments" else "roundup_power2_divisions:16"
-    assert result.candidates[0].conf == best
+    assert result.rows[0].conf == best
     assert "<svg" in view.charts.children[0].value
-    assert len(view.rows.children) == len(result.candidates)
+    assert len(view.rows.children) == len(result.rows)
     applied = view.apply("expandable_segments:True")
     if OPT_NAME == "expandable_segments":
         assert os.environ[READ_VAR] == "expandable_segments:True"

@@ -18,7 +18,7 @@ import io
 import os
 import pickle
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any, TypedDict, cast
 
@@ -363,7 +363,7 @@ def has_trace(snapshot: Snapshot) -> bool:
     return any(trace for trace in snapshot.get("device_traces") or [])
 
 
-def allocator_settings(snapshot: Snapshot) -> dict[str, Any] | None:
+def allocator_settings(snapshot: Mapping[str, Any]) -> dict[str, Any] | None:
     """The effective allocator settings torch recorded (2.3+), or ``None`` for older snapshots.
 
     This is the only reliable read-back of what the allocator actually used.

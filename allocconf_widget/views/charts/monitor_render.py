@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from allocconf_widget.adapters.frontend import Frontend
+from allocconf_widget.app.monitor import MonitorRun
 from allocconf_widget.core.memory.timeline import RenderPayload
 from allocconf_widget.core.units import format_bytes
 from allocconf_widget.views.charts.style import format_value, format_x
@@ -147,3 +148,15 @@ def status_html(
                      f'target="_blank" style="text-decoration:underline">{escape(label)}</a>')
         parts.append(text)
     return " · ".join(parts)
+
+
+def status_text(run: MonitorRun, device: int | None = None, note: str | None = None) -> str:
+    """The status line of a monitor run as plain text (terminal IPython, logs): no widgets."""
+    import re
+
+    timeline = run.source.timeline
+    devices = timeline.devices
+    shown = device if device in devices else (devices[0] if devices else 0)
+    html = status_html(payload=timeline.render(shown, max_points=SVG_POINTS), state=run.state_text(),
+                       overhead=run.source.overhead(), sample=run.source.latest.get(device), note=note)
+    return re.sub(r"<[^>]+>", "", html)

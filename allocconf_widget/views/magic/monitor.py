@@ -61,49 +61,58 @@ def _in_terminal() -> bool:
 # ----------------------------------------------------------------- monitor
 
 
-def run_monitor(args: argparse.Namespace, _ctx: MagicContext) -> Any:
-    """``%allocconf monitor [start|stop|status]``; start returns the MonitorView."""
-    from allocconf_widget.views.widgets import monitor
+def run_monitor(args: argparse.Namespace, ctx: MagicContext) -> Any:
+    """``%allocconf monitor [start|stop|status]``: the Session's one monitor; in a terminal its
+    status as text (no widgets are built), in a notebook its view (start returns it)."""
+    from allocconf_widget.views.charts.monitor_render import status_text
 
+    monitors = ctx.session.monitors
     if args.action == "stop":
-        view = monitor.active_monitor()
-        monitor.stop_monitor()
-        print("monitor stopped" if view is not None else "no monitor was running")
-        return view
+        run = monitors.stop()
+        print("monitor stopped" if run is not None else "no monitor was running")
+        return getattr(run, "view", None) or run
     if args.action == "status":
-        return _status(monitor.active_monitor())
-    if args.demo and args.step_sync:
-        raise _usage("--step-sync samples your training loop; --demo replays a recording: "
-                     "choose one")
-    if args.interval < 0.01:
-        raise _usage(f"--interval {args.interval:g} is too short: use 0.01 s (100 Hz) or more")
-    if not args.interval <= 60:  # also nan and inf: the thread could not sleep that long
-        raise _usage(f"--interval {args.interval:g} is too long: use at most 60 s")
-    if args.device is not None and args.device < 0:
-        raise _usage(f"--device {args.device}: GPU indices start at 0")
+        return _status(monitors.active)
     try:
+        if _in_terminal():
+            run = monitors.start(interval=args.interval, device=args.device,
+                                 demo=True if args.demo else None, step_sync=args.step_sync,
+                                 skip_idle=not args.keep_idle)
+            print(status_text(run, args.device))
+            return run
+        from allocconf_widget.views.widgets import monitor
+
         view = monitor.start_monitor(interval=args.interval, device=args.device,
                                      renderer=args.renderer, demo=True if args.demo else None,
                                      step_sync=args.step_sync, skip_idle=not args.keep_idle)
     except (ValueError, RuntimeError) as exc:
-        raise _usage(str(exc)) from None
-    if _in_terminal():
-        print(view.text())
-    else:
-        from IPython.display import display
+        raise _usage(_with_flags(str(exc))) from None
+    from IPython.display import display
 
-        display(view)
+    display(view)
     return view
 
 
-def _status(view: Any) -> dict[str, Any]:
-    if view is None:
+def _with_flags(message: str) -> str:
+    """The use case's words for an option, as the magic's flag is spelled."""
+    for word, flag in (("interval ", "--interval "), ("device ", "--device "),
+                       ("step_sync ", "--step-sync "), ("demo ", "--demo ")):
+        if message.startswith(word) or f"; {word}" in message:
+            message = message.replace(word, flag, 1)
+    return message
+
+
+def _status(run: Any) -> dict[str, Any]:
+    from allocconf_widget.views.charts.monitor_render import status_text
+
+    if run is None:
         print("no monitor running; start one with %allocconf monitor")
         return {"running": False}
-    print(view.text())
-    return {"running": view.running, "renderer": view.renderer,
-            "recording": view.recording.label if view.recording is not None else None,
-            "updates": view.updates, **view.source.overhead()}
+    print(status_text(run))
+    view = getattr(run, "view", None)
+    return {"running": run.running, "renderer": getattr(view, "renderer", "text"),
+            "recording": run.recording.label if run.recording is not None else None,
+            "updates": getattr(view, "updates", 0), **run.source.overhead()}
 
 
 # ----------------------------------------------------------------- report

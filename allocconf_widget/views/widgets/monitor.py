@@ -19,17 +19,15 @@ per update stay bounded however long the run is.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from allocconf_widget.adapters import nvml, torch_private
 from allocconf_widget.adapters.frontend import Frontend, detect_frontend
-from allocconf_widget.adapters.replay import IDLE_SKIP_S, ReplaySampler
-from allocconf_widget.adapters.sampler import OK, Sampler
-from allocconf_widget.core.memory.recording import Recording, load_demo
+from allocconf_widget.adapters.replay import ReplaySampler
+from allocconf_widget.app.monitor import MonitorRun, gpu_expected
+from allocconf_widget.core.memory.recording import Recording
 from allocconf_widget.views.charts.monitor_render import (
     FIGURE_POINTS,
     RENDERERS,
@@ -37,29 +35,13 @@ from allocconf_widget.views.charts.monitor_render import (
     build_chart,
     choose_renderer,
     status_html,
+    status_text,
 )
 
 MIN_UPDATE_INTERVAL = 0.5
 """Seconds between chart redraws (≤ 2 Hz): plotly and ipywidgets do no rate limiting themselves."""
 
-_active_lock = threading.RLock()
-_active: MonitorView | None = None
-
-
-# ----------------------------------------------------------------- live or recording?
-
-
-def gpu_expected() -> bool:
-    """Whether a live monitor can ever show data here; answered without initialising CUDA."""
-    torch = torch_private.imported_torch()
-    if torch is not None:
-        return torch_private.cuda_built(torch) and torch_private.device_count(torch) > 0
-    found = nvml.gpus()
-    if found is not None:
-        return bool(found)
-    if importlib.util.find_spec("torch") is None:
-        return False
-    return Path("/dev/nvidiactl").exists()
+__all__ = ["MonitorView", "active_monitor", "gpu_expected", "start_monitor", "stop_monitor"]
 
 
 # ----------------------------------------------------------------- the view
@@ -73,19 +55,19 @@ class MonitorView:
 
     def __init__(
         self,
-        source: Sampler | ReplaySampler,
+        run: MonitorRun,
         *,
         renderer: str = "auto",
         device: int | None = None,
-        recording: Recording | None = None,
         frontend: Frontend | None = None,
         min_update_interval: float = MIN_UPDATE_INTERVAL,
         shell: Any = None,
     ) -> None:
         import ipywidgets as widgets
 
-        self.source = source
-        self.recording = recording
+        self.run = run
+        self.source = run.source
+        self.recording: Recording | None = run.recording
         self.frontend = frontend or detect_frontend()
         self.min_update_interval = min_update_interval
         self.shell = shell
@@ -102,16 +84,15 @@ class MonitorView:
         self.last_export: Path | None = None
         self._remove_listener: Any = None
         self._events: list[tuple[str, Any]] = []
-        self._oom_seen_at = 0.0
-        self._oom_listener_on = False
         self._closed = False
         # the header carries the full description; the chart keeps a short label of its own
-        title = f"Recording: {recording.name} (replayed)" if recording is not None else None
+        title = f"Recording: {run.recording.name} (replayed)" if run.recording is not None else None
         self.renderer_requested = renderer
         wanted = choose_renderer(renderer, self.frontend)
         self.chart, self._note = build_chart(wanted, self._payload(), title)
         self.renderer = self.chart.name
         self._build_controls(widgets)
+        run.on_close(self.release)  # a newer monitor replaced this one: let go of the run
 
     # ------------------------------------------------------------- widgets
     def _build_controls(self, widgets: Any) -> None:
@@ -175,24 +156,40 @@ class MonitorView:
     def start(self) -> MonitorView:
         """Start sampling (or the replay); register the cell hooks; idempotent."""
         with self._lock:
-            if self._closed:
+            if self._closed or self.run.closed:
                 raise RuntimeError("this monitor was closed; start a new one with start_monitor()")
             if self._remove_listener is None:
                 self._remove_listener = self.source.add_listener(self._on_samples)
             self._register_events()
-        self.source.start()
+        self.run.start()
         self.refresh(force=True)
         return self
 
     def stop(self) -> None:
         """Stop sampling, unregister the hooks; the chart keeps the data (idempotent)."""
-        self.source.stop()
+        self.run.stop()
         with self._lock:
             self._unregister_events()
-            if self._oom_listener_on:
-                torch_private.remove_oom_listener(self._on_oom)
-                self._oom_listener_on = False
         self.refresh(force=True)
+
+    def release(self) -> None:
+        """A newer monitor replaced this one: stop, drop every callback, keep the last picture.
+
+        The chart and its status line stay on screen as they were; the controls (whose
+        callbacks are what kept this view, its sampler and its whole timeline alive) are
+        closed, so repeated starts do not pile up memory.
+        """
+        self.stop()
+        with self._lock:
+            self._closed = True
+            if self._remove_listener is not None:
+                self._remove_listener()
+                self._remove_listener = None
+        self.status.value += " <i>(replaced by a newer monitor)</i>"
+        self.widget.children = (self.header, self.chart.widget, self.status)
+        for widget in (*self.buttons.values(), self.toolbar, self.device_picker, self.segments):
+            with contextlib.suppress(Exception):
+                widget.close()
 
     def close(self) -> None:
         """Stop and close the widgets (frees the front-end views)."""
@@ -227,7 +224,6 @@ class MonitorView:
         return timeline.render(device, max_points=points)
 
     def _on_samples(self, samples: list[Any]) -> None:
-        self._attach_oom_observer()
         self.refresh(force=not samples)  # an empty round = the replay ended: draw the end state
 
     def refresh(self, force: bool = False) -> bool:
@@ -269,22 +265,10 @@ class MonitorView:
                                         note=self._note, link=self._link)
 
     def _empty_text(self) -> str:
-        latest = self.source.latest.get(None)
-        if latest is not None and latest.status != OK:
-            return latest.message
-        return "no samples yet" if self.running else "stopped"
+        return self.run.empty_text()
 
     def _state_text(self) -> str:
-        if isinstance(self.source, ReplaySampler):
-            state = self.source.status.replace("_", " ")
-            if self.source.status == "replay_finished":
-                state += " (Start replays it on a new chart)"
-            return state
-        if not self.running:
-            error = getattr(self.source, "last_error", None)
-            return f"stopped ({error})" if error and "sampler thread stopped" in error else "stopped"
-        latest = self.source.latest.get(None)
-        return latest.message if latest is not None and latest.status != OK else "live"
+        return self.run.state_text()
 
     def _sync_devices(self) -> None:
         devices = [d for d in self.source.timeline.devices if d is not None]
@@ -298,12 +282,7 @@ class MonitorView:
 
     def text(self) -> str:
         """The status as plain text (terminal IPython, logs)."""
-        import re
-
-        html = status_html(payload=self._payload(), state=self._state_text(),
-                           overhead=self.source.overhead(),
-                           sample=self.source.latest.get(self._device), note=self._note)
-        return re.sub(r"<[^>]+>", "", html)
+        return status_text(self.run, self._device, self._note)
 
     # ------------------------------------------------------------- callbacks (any thread)
     def _on_device(self, change: dict[str, Any]) -> None:
@@ -371,17 +350,10 @@ class MonitorView:
         from allocconf_widget.views.charts.segment_svg import segment_panel_html
 
         device = self._device or 0
-        if self.recording is not None:
-            segments: list[Any] = [s for s in self.recording.snapshot()["segments"]
-                                   if s.get("device", 0) == device]
-            title = f"Recording: segments at the end of the run (GPU {device})"
-        else:
-            torch = torch_private.imported_torch()
-            if torch is None or not torch_private.cuda_initialized(torch):
-                return "no segments yet: CUDA is not initialised"
-            segments = [s for s in torch_private.trace_free_snapshot(torch)
-                        if s.get("device", 0) == device]
-            title = f"segments now (GPU {device})"
+        found = self.run.segments(device)
+        if isinstance(found, str):
+            return found
+        segments, title = found
         self.segments.value = segment_panel_html(segments, device=device, title=title)
         return f"{len(segments)} segments shown below"
 
@@ -412,41 +384,11 @@ class MonitorView:
         return f"cell [{count}]" if count is not None else "cell"
 
     def _pre_run_cell(self, _info: Any = None) -> None:
-        self.source.timeline.cell_started(self._cell_label(), x=self.source.now_x())
+        self.run.cell_started(self._cell_label())
 
     def _post_run_cell(self, result: Any = None) -> None:
-        timeline = self.source.timeline
-        timeline.cell_finished(x=self.source.now_x())
-        error = getattr(result, "error_in_exec", None)
-        torch = torch_private.imported_torch()
-        oom_type = torch_private.out_of_memory_error(torch) if torch is not None else None
-        is_oom = error is not None and oom_type is not None and isinstance(error, oom_type)
-        if is_oom and time.monotonic() - self._oom_seen_at > 2.0:  # the observer has not marked it
-            first = str(error).strip().splitlines()[0] if str(error).strip() else "out of memory"
-            timeline.mark("oom", first[:300], x=self.source.now_x())
+        self.run.cell_finished(getattr(result, "error_in_exec", None))
         self.refresh(force=True)
-
-    def _attach_oom_observer(self) -> None:
-        """Once the program has initialised CUDA, listen for OOMs (marks the chart at once)."""
-        if self._oom_listener_on or isinstance(self.source, ReplaySampler):
-            return
-        torch = torch_private.imported_torch()
-        if torch is None or not torch_private.cuda_initialized(torch):
-            return
-        with self._lock:
-            if not self._oom_listener_on:
-                self._oom_listener_on = torch_private.add_oom_listener(torch, self._on_oom)
-
-    def _on_oom(self, device: int, alloc: int, _total: int, free: int) -> None:
-        from allocconf_widget.core.units import format_bytes
-
-        now = time.monotonic()
-        if now - self._oom_seen_at < 0.5:  # torch may call the observer several times per failure
-            return
-        self._oom_seen_at = now
-        self.source.timeline.mark(
-            "oom", f"CUDA out of memory on GPU {device}: could not get {format_bytes(alloc)} "
-            f"({format_bytes(free)} free)", x=self.source.now_x(), device=device)
 
 
 # ----------------------------------------------------------------- module functions
@@ -458,6 +400,12 @@ def _shell() -> Any:
     except ImportError:
         return None
     return get_ipython()
+
+
+def _session() -> Any:
+    from allocconf_widget.app.session import get_session
+
+    return get_session(_shell())
 
 
 def start_monitor(
@@ -482,42 +430,33 @@ def start_monitor(
         skip_idle: in a replay, cut stretches where no memory counter moved for more than
             a second (the recording's 6 s of set-up) to half a second, marked on the chart.
 
-    A monitor that is already running is stopped first (one at a time).
+    The Session's monitor (:mod:`allocconf_widget.app.monitor`) that is already running is
+    stopped first and its view lets go of it (one at a time).
     """
-    if not interval >= 0.01:
-        raise ValueError(f"interval={interval!r}: sample at most every 0.01 s (100 Hz)")
     if renderer not in RENDERERS:
         raise ValueError(f"renderer={renderer!r}: use one of {', '.join(RENDERERS)}")
-    if device is not None and device < 0:
-        raise ValueError(f"device={device}: GPU indices start at 0")
-    replay = (not gpu_expected()) if demo is None else demo
-    recording = load_demo() if replay else None
-    source: Sampler | ReplaySampler
-    if recording is not None:
-        source = ReplaySampler(recording, interval=interval, skip_idle=IDLE_SKIP_S if skip_idle else None)
-    else:
-        source = Sampler(interval=interval, step_sync=step_sync)
-    view = MonitorView(source, renderer=renderer, device=device, recording=recording, shell=_shell())
-    global _active  # one monitor per process, like one training loop
-    # the whole swap under the lock: panel callbacks on subshell threads may start and stop
-    # concurrently, and an unlocked stop-then-start let sampler threads escape every stop
-    with _active_lock:
-        previous, _active = _active, view
-        if previous is not None:
-            previous.stop()
-        return view.start()
+    views: list[MonitorView] = []
+
+    def attach(run: MonitorRun) -> None:
+        view = MonitorView(run, renderer=renderer, device=device, shell=_shell())
+        run.view = view  # what active_monitor() returns
+        views.append(view.start())
+
+    _session().monitors.start(interval=interval, device=device, demo=demo, step_sync=step_sync,
+                              skip_idle=skip_idle, attach=attach)
+    return views[0]
 
 
 def stop_monitor() -> None:
     """Stop the running monitor, if any (its chart stays visible)."""
-    global _active
-    with _active_lock:
-        view, _active = _active, None
-        if view is not None:
-            view.stop()
+    run = _session().monitors.stop()
+    view = getattr(run, "view", None) if run is not None else None
+    if isinstance(view, MonitorView):
+        view.stop()
 
 
 def active_monitor() -> MonitorView | None:
     """The monitor ``start_monitor()`` started, until ``stop_monitor()`` (Stop only pauses it)."""
-    with _active_lock:
-        return _active
+    run = _session().monitors.active
+    view = getattr(run, "view", None) if run is not None else None
+    return view if isinstance(view, MonitorView) else None

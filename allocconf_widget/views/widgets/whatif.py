@@ -186,11 +186,10 @@ class WhatIfView:
         view = self.session.view()
         now = view.effective.to_string()
         shown = html.escape(now or "(torch defaults)")
+        line = f"This kernel runs <code>{shown}</code>"
         if view.state.phase is Phase.NO_CUDA:  # as the Settings tab says: nothing reads them here
-            line = (f"This kernel's torch has no CUDA, so no allocator reads its settings "
-                    f"(<code>{shown}</code>); the rows compare with them as a GPU kernel would run them")
-        else:
-            line = f"This kernel runs <code>{shown}</code>"
+            line += ("; its torch has no CUDA, so no allocator reads them here: the rows say what "
+                     "each setting would do on a GPU")
         if self.compared_with is not None and self.compared_with != now:
             line += (f"; the rows below were compared with <code>"
                      f"{html.escape(self.compared_with or '(torch defaults)')}</code>: "
