@@ -169,7 +169,7 @@ class Session:
     def update(self, options: dict[str, str | None], base: AllocConf | None = None) -> AllocConf:
         """Stage ``base`` (default: the staged configuration) with options set (text) or unset (None).
 
-        Each value is validated on its own (:meth:`AllocConf.with_value`), so a
+        Each value is validated on its own (:meth:`AllocConf.with_changes`), so a
         value holding a comma cannot smuggle in another option, and a misspelled
         name is an error with a suggestion even when unsetting.
         """

@@ -229,11 +229,11 @@ def test_diff_lists_changed_options_only():
                        "roundup_power2_divisions": (None, RoundupDivisions(uniform=4))}
 
 
-def test_with_value_validates_and_without_unsets():
+def test_with_changes_validates_and_without_unsets():
     conf = quiet("expandable_segments:True")
     with pytest.raises(AllocConfError):
-        conf.with_value("max_split_size_mb", "8")
-    assert conf.with_value("max_split_size_mb", 512).get("max_split_size_mb") == 512
+        conf.with_changes({"max_split_size_mb": "8"})
+    assert conf.with_changes({"max_split_size_mb": 512}).get("max_split_size_mb") == 512
     assert conf.without("expandable_segments").to_string() == ""
 
 

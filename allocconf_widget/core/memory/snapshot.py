@@ -334,17 +334,6 @@ def large_snapshot_note(size_bytes: int) -> str | None:
 # ----------------------------------------------------------------- helpers
 
 
-def segments_of(snapshot: Snapshot, device: int | None = None) -> list[Segment]:
-    """The snapshot's segments, all of them or only those of one device.
-
-    A segment without a ``device`` key (very old snapshots) counts as device 0.
-    """
-    segments = snapshot["segments"]
-    if device is None:
-        return list(segments)
-    return [seg for seg in segments if seg.get("device", 0) == device]
-
-
 def devices_in(snapshot: Snapshot) -> list[int]:
     """Devices the snapshot says anything about: with segments or with trace events.
 

@@ -7,7 +7,7 @@ single row; a row with more pieces than its share of ``max_pieces`` is cut into
 equal byte ranges, each drawn as its per-state byte totals. Byte totals per
 state and per row are exact at every level of aggregation.
 
-Pure Python (no plotly): :mod:`allocconf_widget.views.charts.figures` turns it into bars.
+Pure Python (no plotly): :mod:`allocconf_widget.views.charts.segment_map_svg` draws it as SVG bars.
 """
 
 from __future__ import annotations
@@ -48,13 +48,6 @@ class SegmentMap:
     blocks: int
     caption: str
     totals: dict[str, int] = field(default_factory=dict)
-
-    def by_state(self) -> dict[str, list[Piece]]:
-        """Pieces grouped per state, free first so allocated bars draw on top."""
-        out: dict[str, list[Piece]] = {s: [] for s in reversed(STATES)}
-        for piece in self.pieces:
-            out.setdefault(piece.state, []).append(piece)
-        return {state: pieces for state, pieces in out.items() if pieces}
 
     @staticmethod
     def state_label(state: str) -> str:
