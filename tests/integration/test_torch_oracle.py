@@ -20,6 +20,7 @@ Two properties are checked:
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -29,7 +30,7 @@ from allocconf_widget.core.versions import parse_version
 from tests.oracle_strings import make_case
 
 torch = pytest.importorskip("torch")
-SETTER = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+SETTER: Any = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
 pytestmark = pytest.mark.skipif(SETTER is None, reason="this torch has no generic allocator setter")
 
 VERSION = parse_version(torch.__version__)

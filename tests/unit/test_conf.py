@@ -296,7 +296,8 @@ def _value_strategy(spec: opt.OptionSpec, version):
         return st.sampled_from(["[a:0.5]", "[kv:8G,w:0.25]"])
     if spec.name == "large_segment_size_mb":  # keep it below the 64 MiB floor used for the others
         return st.integers(11, 64).map(str)
-    low = 0 if bound is None or isinstance(bound.low, str) else int(bound.low) + (not bound.low_inclusive)
+    low = (0 if bound is None or isinstance(bound.low, str)
+           else int(bound.low or 0) + (not bound.low_inclusive))
     low = max(low, 64) if isinstance(bound.low if bound else None, str) else low
     return st.integers(low, min(int(bound.high) if bound and bound.high else 1 << 20, 1 << 20)).map(str)
 

@@ -44,7 +44,7 @@ def test_samples_are_time_ordered_and_cached_share_is_derived():
     assert ts == sorted(ts)
     s = next(s for s in rec.samples if s.reserved and s.allocated is not None)
     assert s.cached_share == pytest.approx((s.reserved - s.allocated) / s.reserved)
-    assert rec.snapshot_path is not None and rec.snapshot_path.name == "cnn__default.pickle.gz"
+    assert rec.snapshot_path is not None and Path(str(rec.snapshot_path)).name == "cnn__default.pickle.gz"
 
 
 def test_oom_run_keeps_its_message():
