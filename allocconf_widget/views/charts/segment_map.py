@@ -44,7 +44,6 @@ class SegmentMap:
     rows: list[str]
     pieces: list[Piece]
     segments: int
-    shown_segments: int
     blocks: int
     caption: str
     totals: dict[str, int] = field(default_factory=dict)
@@ -219,4 +218,4 @@ def build_segment_map(
     reserved = sum(int(s.get("total_size", 0)) for s in segments)
     caption = (f"{len(segments)} segments, {blocks:,} blocks, {format_bytes(reserved)} reserved"
                + (f" (largest {len(shown)} shown)" if rest else ""))
-    return SegmentMap(rows, pieces, len(segments), len(shown), blocks, caption, totals)
+    return SegmentMap(rows, pieces, len(segments), blocks, caption, totals)
