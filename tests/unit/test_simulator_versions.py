@@ -43,7 +43,8 @@ def test_round_size(n: int, slots: tuple[int, ...], expected: int) -> None:
 
 
 def test_to_division_worked_value() -> None:
-    # allocator.md: to_division(1200, 4) = 1280 when the division branch applies
+    # docs/internals/allocator_facts.md §6: divisions apply only above 512·d bytes, so with d=4
+    # a 1200 B request is rounded to a multiple of 512 (1536), not to the division step (1280)
     assert round_size(1200, (4,) * 16, True) == 1536
     assert round_size(2049 * 1024, (4,) * 16, True) == 2560 * 1024
 
