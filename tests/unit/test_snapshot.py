@@ -173,7 +173,7 @@ def test_load_refuses_text_mode_file_objects() -> None:
 def test_big_snapshots_get_a_viewer_warning_but_small_ones_do_not() -> None:
     assert large_snapshot_note(LARGE_SNAPSHOT_BYTES) is None
     note = large_snapshot_note(3 * LARGE_SNAPSHOT_BYTES // 2)
-    assert note is not None and "1.5 GiB" in note and "max_entries" in note
+    assert note is not None and "1.50 GiB" in note and "max_entries" in note
 
 
 # ----------------------------------------------------------------- refusing unsafe pickles
