@@ -1,6 +1,6 @@
 """Command line: ``allocconf`` and ``python -m allocconf_widget``.
 
-Each subcommand lives in its own ``cli_<name>.py`` module exposing
+Each subcommand lives in its own module of this package (``views/cli/<name>.py``) exposing
 ``register(subparsers)``; that function adds a parser and sets
 ``handler=<callable(args) -> exit code>``. Keeping the dispatcher this small
 lets the magic reuse the same handlers and keeps imports lazy: only the

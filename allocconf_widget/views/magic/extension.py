@@ -4,8 +4,8 @@ Shape borrowed from memray's magic: one parser built by a factory (its help
 becomes the magic's docstring, so ``%allocconf?`` shows real usage), the line
 split by :func:`~allocconf_widget.views.magic.completion.split_args` (``shlex``
 that keeps backslashes, for Windows paths), argparse's ``SystemExit`` swallowed after it printed
-help, and every user error raised as IPython's ``UsageError``. Subcommands of
-later features live in ``magic_<name>.py`` modules that expose
+help, and every user error raised as IPython's ``UsageError``. Each group of
+subcommands lives in a module of this package (``views/magic/<name>.py``) that exposes
 ``register(subparsers)``; their handlers take ``(args, ctx)``.
 """
 
