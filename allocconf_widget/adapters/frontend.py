@@ -41,6 +41,16 @@ class Frontend(enum.Enum):
     TERMINAL = "terminal IPython"
     PLAIN = "plain Python"
 
+    @property
+    def shows_widgets(self) -> bool:
+        """Whether output goes to a page that draws ipywidgets (a notebook front end).
+
+        A terminal or a plain interpreter shows a widget as its repr, so the views print text
+        there instead of building widgets. A headless runner (nbclient, papermill) counts as a
+        notebook: it saves the widget state into the notebook it writes.
+        """
+        return self not in (Frontend.TERMINAL, Frontend.PLAIN)
+
 
 def detect_frontend(environ: dict[str, str] | None = None, modules: Any = None) -> Frontend:
     """Best guess at the front end; cheap and side-effect free."""

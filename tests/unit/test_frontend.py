@@ -123,3 +123,10 @@ def test_download_links_point_at_the_servers_files_url(monkeypatch, tmp_path):
     # Colab's files.download cannot run here (no google.colab): the link says so, no crash
     colab = frontend.download_link(target, Frontend.COLAB)
     assert colab.url is None and "download not started" in (colab.note or "")
+
+
+def test_only_notebook_front_ends_show_widgets():
+    """The views ask this one property (not a tuple of front ends) before building widgets."""
+    assert {f for f in Frontend if not f.shows_widgets} == {Frontend.TERMINAL, Frontend.PLAIN}
+    assert detect_frontend({}, modules={}).shows_widgets is False  # plain Python: text only
+
