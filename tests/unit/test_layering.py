@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -223,3 +224,19 @@ def test_the_view_check_sees_lazy_imports_and_probes(tmp_path):
     assert view_gpu_imports(sample) == [
         "sample.py:import torch", "sample.py:from pynvml", "sample.py:find_spec('torch')",
         "sample.py:get('torch')", "sample.py:import_module('numpy.linalg')"]
+
+
+# ---------------------------------------------------------------- the picture in docs/architecture.md
+
+def _architecture_picture() -> str:
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    return text.split("```", 2)[1]
+
+
+def test_the_architecture_picture_names_every_module():
+    """A module added without drawing it (or a module deleted but still drawn) fails here."""
+    picture = _architecture_picture()
+    words = set(re.findall(r"[a-z_]+", picture))
+    missing = [str(p.relative_to(PACKAGE)) for p in _modules()
+               if p.stem not in ("__init__", "__main__", "_errors", "_version") and p.stem not in words]
+    assert missing == [], "add these modules to the picture in docs/architecture.md"
