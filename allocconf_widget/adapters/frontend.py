@@ -43,7 +43,12 @@ class Frontend(enum.Enum):
 
     @property
     def shows_widgets(self) -> bool:
-        """Whether this front end draws widgets (else every view prints text)."""
+        """Whether output goes to a page that draws ipywidgets (a notebook front end).
+
+        A terminal or a plain interpreter shows a widget as its repr, so the views print text
+        there instead of building widgets. A headless runner (nbclient, papermill) counts as a
+        notebook: it saves the widget state into the notebook it writes.
+        """
         return self not in (Frontend.TERMINAL, Frontend.PLAIN)
 
 

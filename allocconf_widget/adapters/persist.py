@@ -37,6 +37,7 @@ from typing import Literal
 
 from allocconf_widget._errors import AllocConfError, AllocConfWarning
 from allocconf_widget.core.config.conf import AllocConf, parse_conf
+from allocconf_widget.core.units import format_bytes
 from allocconf_widget.core.versions import VersionLike
 
 FORMAT = 1
@@ -182,7 +183,7 @@ def _load_file(path: Path, torch_version: VersionLike, scope: Scope,
     except OSError as exc:
         return _ignore(path, f"it cannot be read ({exc.strerror or type(exc).__name__})")
     if len(data) > MAX_FILE_BYTES:
-        return _ignore(path, f"it is larger than {MAX_FILE_BYTES // 1024} KiB, which no saved "
+        return _ignore(path, f"it is larger than {format_bytes(MAX_FILE_BYTES)}, which no saved "
                        "settings file is")
     try:
         raw = data.decode("utf-8")

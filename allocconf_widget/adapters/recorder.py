@@ -30,7 +30,7 @@ INITIAL_SEGMENTS_KEY = "allocconf_initial_segments"
 class CellRecording:
     """The outcome of a recorded block: the snapshot (with its trace) and context."""
 
-    snapshot: Any = None  # torch's snapshot dict (core.snapshot.Snapshot shape)
+    snapshot: Any = None  # torch's snapshot dict (core.memory.snapshot.Snapshot shape)
     torch_version: str = ""
     device_total: int | None = None
     free_at_start: int | None = None

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from allocconf_widget.adapters import nvml, torch_private
 from allocconf_widget.core.config.envvars import EnvReport, check_environment
+from allocconf_widget.core.units import format_bytes
 from allocconf_widget.core.versions import TorchVersion, default_version, installed_torch_version
 
 
@@ -67,7 +68,7 @@ class RuntimeState:
         if self.gpus:
             gpu = self.gpus[0]
             more = f" (+{len(self.gpus) - 1} more)" if len(self.gpus) > 1 else ""
-            parts.append(f"{gpu.name}, {gpu.total_bytes / 2**30:.0f} GiB{more}")
+            parts.append(f"{gpu.name}, {format_bytes(gpu.total_bytes)}{more}")
         elif self.gpus is not None:
             parts.append("no GPU visible to NVML")
         return " · ".join(parts)

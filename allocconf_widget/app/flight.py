@@ -41,8 +41,6 @@ if TYPE_CHECKING:
 DEMO_NAME = "flight_oom_h200"
 CDN_NOTE = ("PyTorch's viewer page loads its script (MemoryViz.js) from cdn.jsdelivr.net, so it "
             "needs the internet; offline, the segment map here shows the same segments")
-#: How far a simulated peak may sit under the limit and still be called safe.
-SURE_MARGIN = 0.0
 
 
 # ----------------------------------------------------------------- on / off / status
@@ -102,8 +100,6 @@ class Verdict:
     allocated_at_oom: int
     winners: tuple[VerdictOption, ...]
     losers: tuple[VerdictOption, ...]
-    current_reproduced: bool
-    sure: bool
     sureness: str
     events: int
     notes: tuple[str, ...] = ()
@@ -191,8 +187,8 @@ def verdict(capture: OomCapture, kernel: AllocConf | None = None) -> Verdict:
     notes = [*report.all_notes(),
              f"peaks cover the recorded window ({report.num_events:,} events, up to the request "
              "that failed); what the run needs after it was never seen"]
-    return Verdict(_limit(capture), allocated, tuple(winners), tuple(losers), reproduced,
-                   exact and reproduced, sureness, report.num_events, tuple(notes))
+    return Verdict(_limit(capture), allocated, tuple(winners), tuple(losers), sureness,
+                   report.num_events, tuple(notes))
 
 
 # ----------------------------------------------------------------- the analysis

@@ -165,10 +165,6 @@ class OomObserver:
         self._observed: ObservedOom | None = None
         self._on = False
 
-    @property
-    def attached(self) -> bool:
-        return self._on
-
     def attach(self) -> bool:
         """Listen to torch's OOM observer, only if the program already initialised CUDA."""
         torch = torch_private.imported_torch()

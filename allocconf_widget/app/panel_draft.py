@@ -28,9 +28,8 @@ from allocconf_widget.core.config import options as opt
 from allocconf_widget.core.config.conf import conf_from_values, format_value, parse_conf
 from allocconf_widget.core.config.envvars import snippets, variable_to_write
 from allocconf_widget.core.config.plan import Action, OptionPlan
-from allocconf_widget.core.units import format_bytes
+from allocconf_widget.core.units import MIB, format_bytes
 
-MIB = 1 << 20
 #: Values tried, in order, when ticking a size whose default is not a number ("unlimited").
 _TICK_SIZES_MB = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 #: What a ticked row starts at when torch's default cannot be written as a value.

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Protocol
 from allocconf_widget.adapters import persist
 from allocconf_widget.adapters.apply import ApplyResult, apply, current_conf, preview
 from allocconf_widget.adapters.runtime_state import Phase, RuntimeState, detect_state
-from allocconf_widget.core.config.conf import AllocConf, parse_conf
+from allocconf_widget.core.config.conf import AllocConf
 from allocconf_widget.core.config.plan import OptionPlan
 
 if TYPE_CHECKING:
@@ -113,11 +113,6 @@ class ApplyOutcome:
     @property
     def restart_needed(self) -> bool:
         return self.result.restart_needed
-
-    @property
-    def took(self) -> bool | None:
-        """Whether torch runs what was asked (None while torch has not read the settings)."""
-        return None if self.readback is None else self.readback.ok
 
     def headline(self) -> str:
         if self.candidate is not None:
@@ -279,14 +274,10 @@ class Session:
         self._notify()
         return conf
 
-    def stage_text(self, text: str, *, eager: bool = True) -> AllocConf:
-        """Parse ``text`` for the installed torch, then :meth:`stage` it. Bad input stages nothing."""
-        return self.stage(parse_conf(text, self.state().version, warn=False), eager=eager)
-
     def update(self, options: dict[str, str | None], base: AllocConf | None = None) -> AllocConf:
         """Stage ``base`` (default: the staged configuration) with options set (text) or unset (None).
 
-        Each value is validated on its own (:meth:`AllocConf.with_value`), so a
+        Each value is validated on its own (:meth:`AllocConf.with_changes`), so a
         value holding a comma cannot smuggle in another option, and a misspelled
         name is an error with a suggestion even when unsetting.
         """

@@ -13,7 +13,7 @@ Needs only torch with CUDA and this repository (no IPython/ipywidgets/plotly)::
     python3 benchmarks/gpu/bench_sampler_overhead.py --model cnn --rounds 8
     python3 benchmarks/gpu/bench_sampler_overhead.py --json result.json
 
-Target: overhead ≤ 1 % (allocator.md §8 measured stats at 10 Hz + snapshots at
+Target: overhead ≤ 1 % (docs/internals/allocator_facts.md §8 measured stats at 10 Hz + snapshots at
 1 Hz below run-to-run noise on an H200).
 """
 

@@ -3,7 +3,7 @@
 Each scenario runs in a fresh Python process (the allocator configuration is a
 process-wide, read-once singleton, so scenarios cannot share a process). It
 prints one JSON line per scenario; the questions are those marked
-[UNVERIFIED] in shared/docs/allocator.md §4–§5 plus cheap timings:
+open when docs/internals/allocator_facts.md §4.2–§5 was written, plus cheap timings:
 
 * which calls freeze the configuration (a variable set afterwards is ignored),
 * whether ``torch._C._accelerator_isAllocatorInitialized()`` notices a freeze,

@@ -43,9 +43,8 @@ from tests.e2e.jupyter import (
     wait_for_text,
     wait_until,
     widget_text,
-    write_python3_kernelspec,
 )
-from tests.integration.kernels import clean_kernel_env
+from tests.integration.kernels import clean_kernel_env, write_python3_kernelspec
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -56,8 +55,9 @@ def _classic_missing_reason() -> str | None:
         import widgetsnbextension
     except ImportError as exc:
         return f"classic Notebook 6 + widgetsnbextension not installed ({exc.name})"
-    if not str(notebook.__version__).startswith("6."):
-        return f"notebook {notebook.__version__} is not the classic Notebook 6 (Colab's generation)"
+    version = getattr(notebook, "__version__", "")
+    if not str(version).startswith("6."):
+        return f"notebook {version} is not the classic Notebook 6 (Colab's generation)"
     if not str(widgetsnbextension.__version__).startswith("3."):
         return f"widgetsnbextension {widgetsnbextension.__version__} is not the ipywidgets-7 front end"
     return None

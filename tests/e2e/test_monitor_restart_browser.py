@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +24,7 @@ import pytest
 from tests.e2e.conftest import NotebookPageFactory
 from tests.e2e.jupyter import (
     JupyterServer,
+    artifacts_dir,
     click_button,
     find_widget,
     new_page,
@@ -118,12 +121,16 @@ def test_the_monitor_shows_fragmentation_new_runs_the_segment_map_and_export_lin
     assert "#0 large 1.15 GiB" in segmap.inner_text()
 
     if ui == "lab" and renderer == "figurewidget":
-        DOCS_IMAGES.mkdir(parents=True, exist_ok=True)
+        # into the artifacts; ALLOCCONF_UPDATE_DOCS_IMAGES=1 also copies it over the README's image
         nb.page.set_viewport_size({"width": 1100, "height": 1500})
         monitor = nb.page.locator(".allocconf-monitor").first
         monitor.scroll_into_view_if_needed()
         time.sleep(1.0)  # let plotly re-layout to the new width
-        monitor.screenshot(path=str(DOCS_IMAGES / "monitor.png"))
+        shot = artifacts_dir() / "screenshots" / "monitor.png"
+        shot.parent.mkdir(parents=True, exist_ok=True)
+        monitor.screenshot(path=str(shot))
+        if os.environ.get("ALLOCCONF_UPDATE_DOCS_IMAGES"):
+            shutil.copy(shot, DOCS_IMAGES / "monitor.png")
 
     # Export CSV: one folder, and a link that downloads the file
     click_button(nb.page, name="monitor-csv")

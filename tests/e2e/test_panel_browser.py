@@ -127,7 +127,8 @@ def _assert_panel_shows(panel, expected: str) -> None:
     applied = {item.split(":", 1)[0] for item in expected.split(",") if item}
     for name in ("release_lock_on_cudamalloc", "garbage_collection_threshold", "expandable_segments",
                  "max_split_size_mb", "roundup_power2_divisions"):
-        wait_until(lambda n=name: _is_ticked(panel, n) == (n in applied), timeout=10,
+        wait_until(lambda n=name: bool(_is_ticked(panel, n) == (n in applied)),  # type: ignore[misc]
+                   timeout=10,
                    what=f"row {name} ticked={name in applied}")
 
 
@@ -159,7 +160,7 @@ def test_every_apply_path_leaves_the_settings_tab_showing_the_session(notebook_p
     row.locator(".allocconf-whatif-apply").click()
     click_button(row, name="whatif-confirm")  # the confirm step names what changes
     text = wait_for_text(row, "whatif-result", re.compile(r"Applied (.+?)\."), timeout=20)
-    applied = re.search(r"Applied (.+?)\.", text).group(1)  # type: ignore[union-attr]
+    applied = re.search(r"Applied (.+?)\.", text).group(1)
     applied = "" if applied == "(torch defaults)" else applied
     # the row's memory options replace the others; release_lock_on_cudamalloc, which the
     # replay does not model, is kept (the confirm step said so; the result says it in the past)

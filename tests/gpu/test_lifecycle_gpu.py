@@ -73,7 +73,8 @@ def test_phases_advance_and_looking_freezes_nothing():
 def test_set_before_import_applies_at_first_cuda_use():
     out = fresh("before import", """
         from allocconf_widget.app.session import Session
-        s = Session(); s.stage_text("expandable_segments:True,max_split_size_mb:256")
+        from allocconf_widget.core.config.conf import parse_conf
+        s = Session(); s.stage(parse_conf("expandable_segments:True,max_split_size_mb:256"))
         import torch
         e = expandable_now()
         from allocconf_widget.adapters.effective_settings import read_back
@@ -115,9 +116,10 @@ def test_one_option_change_keeps_the_others_live():
         x = torch.empty(1, device="cuda")
         from allocconf_widget.app.session import Session
         from allocconf_widget.adapters.effective_settings import read_back
+        from allocconf_widget.core.config.conf import parse_conf
         s = Session()
-        s.stage_text("max_split_size_mb:256,garbage_collection_threshold:0.6"); s.apply(save=False)
-        s.update({"expandable_segments": "True"}); r = s.apply(save=False)
+        s.stage(parse_conf("max_split_size_mb:256,garbage_collection_threshold:0.6")); s.apply(save=None)
+        s.update({"expandable_segments": "True"}); r = s.apply(save=None).result
         rb = read_back(r.requested, applied_by_setter=True)
         out = {"setter": r.setter_called, "ok": rb.ok,
                "effective": {row.option: row.effective for row in rb.rows}}
@@ -132,7 +134,9 @@ def test_backend_after_import_needs_restart_and_breaks_nothing():
     out = fresh("backend after import", """
         import torch
         from allocconf_widget.app.session import Session
-        s = Session(); s.stage_text("backend:cudaMallocAsync,expandable_segments:True"); r = s.apply()
+        from allocconf_widget.core.config.conf import parse_conf
+        s = Session(); s.stage(parse_conf("backend:cudaMallocAsync,expandable_segments:True"))
+        r = s.apply().result
         x = torch.empty(1 << 20, device="cuda")   # would assert if the env held the new backend
         from allocconf_widget.adapters import persist
         out = {"plan": {p.option: p.action.name for p in r.plan}, "restart": r.restart_needed,

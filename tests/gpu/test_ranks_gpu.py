@@ -65,11 +65,11 @@ def board(tmp_path, monkeypatch):
 
 
 def test_two_ranks_report_their_own_peaks(board, tmp_path):
-    import torch.multiprocessing as tmp_mp
+    from torch.multiprocessing.spawn import spawn
 
     os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"  # applied before launching
     try:
-        context = tmp_mp.spawn(_rank, args=(str(tmp_path), [256, 2048], None, 300), nprocs=2, join=False)
+        context = spawn(_rank, args=(str(tmp_path), [256, 2048], None, 300), nprocs=2, join=False)
     finally:
         del os.environ["PYTORCH_ALLOC_CONF"]
     while not context.join(timeout=0.05):  # the notebook polls while the ranks run, as the view does
@@ -91,9 +91,9 @@ def test_two_ranks_report_their_own_peaks(board, tmp_path):
 
 
 def test_a_rank_that_runs_out_of_memory_is_reported_with_its_numbers(board, tmp_path):
-    import torch.multiprocessing as tmp_mp
+    from torch.multiprocessing.spawn import spawn
 
-    tmp_mp.spawn(_rank, args=(str(tmp_path), [65536], 0.002), nprocs=1, join=True)
+    spawn(_rank, args=(str(tmp_path), [65536], 0.002), nprocs=1, join=True)
     truth = json.loads((tmp_path / "rank0.json").read_text())
     assert truth["error"] is not None  # it really ran out of memory
     (view,) = board.poll().ranks

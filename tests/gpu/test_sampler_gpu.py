@@ -95,7 +95,10 @@ def test_sampler_follows_a_real_training_loop_and_never_initialises_cuda_itself(
 
 
 def test_settings_stay_open_while_the_sampler_waits():
-    """Sampling before CUDA init must not freeze the allocator configuration (allocator.md §4.3)."""
+    """Sampling before CUDA init must not freeze the allocator configuration.
+
+    docs/internals/allocator_facts.md §4.2.
+    """
     out = run_scenario("""
         import os
         s = Sampler(interval=0.02).start()

@@ -65,8 +65,8 @@ def _mutated(path: tuple[object, ...], value: object) -> Callable[[], bytes]:
         snap = copy.deepcopy(_valid())
         target: object = snap
         for key in path[:-1]:
-            target = target[key]  # type: ignore[index]
-        target[path[-1]] = value  # type: ignore[index]
+            target = target[key]
+        target[path[-1]] = value
         return pickle.dumps(snap, protocol=4)
     return build
 

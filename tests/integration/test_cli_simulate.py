@@ -16,6 +16,7 @@ import pytest
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import simulate
 from allocconf_widget.core.sim.trace import SEG_NAMES
+from allocconf_widget.core.versions import TorchVersion
 from tests.trace_builder import TraceBuilder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,7 +55,7 @@ def _workload() -> TraceBuilder:
 
 def _recorded_snapshot(b: TraceBuilder) -> dict[str, Any]:
     """The snapshot torch (as modelled) would write: segment events in the trace."""
-    result = simulate(b.build(), SimSettings(torch_version=(2, 11)), record_segments=True)
+    result = simulate(b.build(), SimSettings(torch_version=TorchVersion(2, 11)), record_segments=True)
     by_index: dict[int, list[dict[str, Any]]] = {}
     for idx, kind, addr, size in result.segment_events:
         by_index.setdefault(idx, []).append(

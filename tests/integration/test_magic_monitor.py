@@ -42,14 +42,18 @@ def test_monitor_demo_in_a_terminal_prints_text_and_builds_no_widget(ip, capsys)
     before = _widget_count()
     run = ip.run_line_magic("allocconf", "-r monitor --demo --renderer svg --interval 0.05")
     # terminal IPython: the Session's one monitor runs, its status is printed as text, no widget
-    assert isinstance(run, MonitorRun) and run is get_session(ip).monitors.active
-    assert run.running and run.recording is not None
+    assert isinstance(run, MonitorRun)
+    assert run is get_session(ip).monitors.active
+    assert run.running
+    assert run.recording is not None
     assert _widget_count() == before
     assert "samples" in capsys.readouterr().out
     status = ip.run_line_magic("allocconf", "-r monitor status")
     assert status["running"] is True and status["recording"].startswith("Recording: ")
     stopped = ip.run_line_magic("allocconf", "-r monitor stop")
-    assert stopped is run and not run.running and get_session(ip).monitors.active is None
+    assert stopped is run
+    assert not stopped.running
+    assert get_session(ip).monitors.active is None
     out = capsys.readouterr().out
     assert "monitor stopped" in out
     assert ip.run_line_magic("allocconf", "-r monitor status") == {"running": False}

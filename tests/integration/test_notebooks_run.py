@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,7 +33,7 @@ _NOISE = re.compile(r"Traceback \(most recent call last\)|\b\w*(Warning|Error):|
 needs_expandable = needs_torch((2, 1), "expandable_segments, which the notebooks demonstrate")
 
 
-def _run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> object:
+def _run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     workdir = tmp_path / "work"
     workdir.mkdir()
     shutil.copy(ROOT / "notebooks" / name, workdir / name)

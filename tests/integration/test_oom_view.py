@@ -18,12 +18,8 @@ from allocconf_widget.app.oom import (
 from allocconf_widget.app.session import Session
 from allocconf_widget.core.versions import parse_version
 from allocconf_widget.views.text.oom import report_text
-from allocconf_widget.views.widgets.oom import (
-    OomPanel,
-    install_oom_assistant,
-    report_html,
-    uninstall_oom_assistant,
-)
+from allocconf_widget.views.widgets.oom import OomPanel, install_oom_assistant, uninstall_oom_assistant
+from allocconf_widget.views.widgets.oom_card import report_html
 from tests.torch_versions import OPT
 
 

@@ -156,9 +156,13 @@ def test_bad_arguments_are_rejected_with_the_value():
         Sampler(snapshot_budget=1.5)
 
 
+def _failing_listener(_samples: object) -> None:
+    raise ZeroDivisionError("a listener's bug")
+
+
 def test_a_failing_listener_does_not_stop_sampling():
     sampler = Sampler(interval=0.01)
-    sampler.add_listener(lambda _samples: 1 / 0)
+    sampler.add_listener(_failing_listener)
     seen: list[int] = []
     sampler.add_listener(lambda samples: seen.append(len(samples)))
     with sampler:
@@ -245,7 +249,12 @@ def test_stopping_from_another_thread_during_training_never_breaks_a_step():
     """A Stop button runs on a widget thread while the loop runs: torch's hook dict must not change."""
     hooks_before = _torch_global_hooks()
     samplers = [Sampler(step_sync=True).start() for _ in range(3)]
-    stopper = threading.Thread(target=lambda: [s.stop() for s in samplers], name="test-stopper")
+
+    def stop_all() -> None:
+        for s in samplers:
+            s.stop()
+
+    stopper = threading.Thread(target=stop_all, name="test-stopper")
     model = torch.nn.Linear(8, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     stopper.start()

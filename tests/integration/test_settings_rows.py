@@ -13,6 +13,8 @@ import os
 
 import pytest
 
+from allocconf_widget.core.config.conf import parse_conf
+
 pytest.importorskip("ipywidgets")
 
 from allocconf_widget.app.session import Session
@@ -35,6 +37,11 @@ def panel():
     p = Panel(Session())
     yield p
     p.close()
+
+
+def _stage(panel, text: str) -> None:
+    """What the magic's ``set`` does in another cell: stage a configuration (not applied)."""
+    panel.model.session.stage(parse_conf(text, panel.model.version, warn=False), eager=False)
 
 
 def _slider(panel, name):
@@ -74,7 +81,7 @@ def test_unticked_rows_show_torchs_defaults(panel):
 
 @needs_torch((2, 11), "large_segment_size_mb")
 def test_ticking_large_segment_keeps_an_existing_max_split_valid(panel):
-    panel.model.session.stage_text("max_split_size_mb:128", eager=False)
+    _stage(panel, "max_split_size_mb:128")
     row = panel._rows["large_segment_size_mb"]
     row.enabled.value = True
     assert "large_segment_size_mb:20" in panel.status.value and "max_split_size_mb:128" in panel.status.value
@@ -84,7 +91,7 @@ def test_ticking_large_segment_keeps_an_existing_max_split_valid(panel):
 
 def test_ticking_picks_a_valid_value_for_the_draft(panel):
     if has_torch((2, 11)):
-        panel.model.session.stage_text("large_segment_size_mb:1024", eager=False)
+        _stage(panel, "large_segment_size_mb:1024")
         panel._rows["max_split_size_mb"].enabled.value = True  # 512 would be below 1024
         assert "max_split_size_mb:1024" in panel.status.value and "✖" not in panel.status.value
     else:  # nothing bounds it from below but torch's own minimum

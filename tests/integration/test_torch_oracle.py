@@ -20,6 +20,7 @@ Two properties are checked:
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -29,11 +30,12 @@ from allocconf_widget.core.versions import parse_version
 from tests.oracle_strings import make_case
 
 torch = pytest.importorskip("torch")
-SETTER = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+SETTER: Any = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
 pytestmark = pytest.mark.skipif(SETTER is None, reason="this torch has no generic allocator setter")
 
 VERSION = parse_version(torch.__version__)
-# Generic keys per allocator.md §3.1 (scope G), written out independently of our schema.
+# Generic keys (docs/internals/allocator_facts.md §3: the 2.10+ generic parser), written out
+# independently of our schema.
 GENERIC_KEYS = {
     "max_split_size_mb": (2, 10), "max_non_split_rounding_mb": (2, 10),
     "garbage_collection_threshold": (2, 10), "roundup_power2_divisions": (2, 10),

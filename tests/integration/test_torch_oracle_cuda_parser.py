@@ -15,6 +15,7 @@ of well-formed matches the parser.)
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ from allocconf_widget.core.versions import parse_version
 from tests.oracle_strings import make_case
 
 torch = pytest.importorskip("torch")
-SETTER = getattr(torch._C, "_cuda_cudaCachingAllocator_set_allocator_settings", None)
+SETTER: Any = getattr(torch._C, "_cuda_cudaCachingAllocator_set_allocator_settings", None)
 VERSION = parse_version(torch.__version__)
 pytestmark = pytest.mark.skipif(
     SETTER is None or VERSION.key >= (2, 10),

@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("ipywidgets")
 
 from allocconf_widget.app.session import Session
+from allocconf_widget.core.config.conf import parse_conf
 from allocconf_widget.views.widgets.whatif import WhatIfView
 from tests.torch_versions import READ_VAR, TORCH_TEXT, has_torch
 
@@ -25,8 +26,7 @@ KEPT = ",release_lock_on_cudamalloc:True" if has_torch((2, 2)) else ""
 
 
 def _applied(session: Session, text: str) -> None:
-    session.stage_text(text, eager=False)
-    session.apply(save=False)
+    session.apply(parse_conf(text, session.state().version, warn=False), save=None)
 
 
 def _settled(view: WhatIfView) -> WhatIfView:

@@ -1,4 +1,5 @@
-"""plotly figures built from real H200 snapshots and recordings (and one synthetic giant)."""
+"""Charts built from real H200 snapshots and recordings (and one synthetic giant): the segment
+map's data, the plotly timeline and the what-if figures."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 pytest.importorskip("plotly")
 
 from allocconf_widget.core.memory.metrics import snapshot_metrics
-from allocconf_widget.core.memory.recording import load_demo, load_recording
+from allocconf_widget.core.memory.recording import load_demo
 from allocconf_widget.core.memory.snapshot import load_snapshot
 from allocconf_widget.core.memory.timeline import Timeline
 from allocconf_widget.views.charts.figures import (
@@ -18,12 +19,12 @@ from allocconf_widget.views.charts.figures import (
     ConfigRun,
     peak_bar_chart,
     reserved_overlay_chart,
-    segment_map_figure,
-    segment_map_of,
     timeline_figure,
     update_timeline_figure,
 )
-from allocconf_widget.views.charts.segment_map import allocation_site
+from allocconf_widget.views.charts.segment_map import allocation_site, build_segment_map
+from allocconf_widget.views.charts.segment_map_svg import segment_map_svg
+from tests.recordings import load_recording, timeline_of
 from tests.snapshot_builders import MIB, block, segment
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -41,22 +42,18 @@ def _snap(name: str):
 @pytest.mark.parametrize("name", NAMES)
 def test_segment_map_has_one_row_per_segment_and_exact_byte_totals(name):
     snap = _snap(name)
-    fig = segment_map_figure(snap)
+    smap = build_segment_map(snap)
     segments = [s for s in snap["segments"] if s.get("device", 0) == 0]
-    rows = {y for trace in fig.data for y in trace.y}
-    assert len(rows) == len(segments)
-    # bar lengths (MiB) add up to the reserved bytes the metrics module computes
-    drawn = sum(sum(trace.x) for trace in fig.data) * MIB
-    assert drawn == pytest.approx(snapshot_metrics(snap)[0].total.reserved_bytes, rel=1e-4)
-    allocated = sum(sum(t.x) for t in fig.data if t.name == "allocated") * MIB
+    assert len({p.row for p in smap.pieces}) == len(segments) == len(smap.rows)
+    # the bars add up to the reserved bytes the metrics module computes
+    assert sum(p.size for p in smap.pieces) == snapshot_metrics(snap)[0].total.reserved_bytes
+    allocated = sum(p.size for p in smap.pieces if p.state == "active_allocated")
     assert allocated == pytest.approx(snapshot_metrics(snap)[0].total.allocated_bytes, rel=1e-3, abs=2048)
 
 
 def test_hover_shows_the_allocating_frame_when_stacks_were_recorded():
     snap = _snap("cnn__frames")
-    fig = segment_map_figure(snap)
-    allocated = next(t for t in fig.data if t.name == "allocated")
-    texts = list(allocated.hovertext)
+    texts = [p.hover for p in build_segment_map(snap).pieces if p.state == "active_allocated"]
     with_frames = sum(1 for seg in snap["segments"] for b in seg["blocks"]
                       if b["state"] == "active_allocated" and b.get("frames"))
     assert with_frames >= 1
@@ -64,8 +61,8 @@ def test_hover_shows_the_allocating_frame_when_stacks_were_recorded():
     # the first frame outside torch is the user's code: benchmarks/gpu/workloads.py
     assert any("gpu/workloads.py:" in t for t in texts), texts
     # without recorded stacks there is nothing to show, and nothing is invented
-    plain = segment_map_figure(_snap("cnn__default"))
-    assert not any("allocated at" in t for trace in plain.data for t in trace.hovertext)
+    plain = build_segment_map(_snap("cnn__default"))
+    assert not any("allocated at" in p.hover for p in plain.pieces)
 
 
 def test_allocation_site_skips_torch_frames():
@@ -78,20 +75,18 @@ def test_allocation_site_skips_torch_frames():
     assert allocation_site([]) is None
 
 
-def test_huge_snapshot_is_aggregated_into_a_small_figure():
-    # 2,000 segments, ~24,000 blocks (allocator.md §8's large case), one segment with 4,000 blocks
+def test_huge_snapshot_is_aggregated_into_a_small_map():
+    # 2,000 segments, ~24,000 blocks (allocator_facts.md §8's large case), one segment with 4,000 blocks
     segments = [
         segment(*[block(2 * MIB, "active_allocated" if i % 2 else "inactive") for i in range(10)])
         for _ in range(1_999)
     ] + [segment(*[block(64 * 1024, "active_allocated" if i % 2 else "inactive") for i in range(4000)])]
     snap = {"segments": segments}
-    fig = segment_map_figure(snap, max_rows=60, max_pieces=1500)
-    bars = sum(len(t.x) for t in fig.data)
-    assert bars <= 1500 + 3
-    assert len({y for t in fig.data for y in t.y}) == 60  # 59 largest + a summary row
-    assert any(str(y).startswith("+1941 smaller segments") for t in fig.data for y in t.y)
-    assert len(fig.to_json()) < 400_000
-    smap = segment_map_of(snap, max_rows=60, max_pieces=1500)
+    smap = build_segment_map(snap, max_rows=60, max_pieces=1500)
+    assert len(smap.pieces) <= 1500 + 3
+    assert len({p.row for p in smap.pieces}) == 60  # 59 largest + a summary row
+    assert any(p.row.startswith("+1941 smaller segments") for p in smap.pieces)
+    assert len(segment_map_svg(smap)) < 400_000
     reserved = sum(s["total_size"] for s in segments)
     assert sum(smap.totals.values()) == reserved  # aggregation never loses bytes
 
@@ -100,7 +95,7 @@ def test_huge_snapshot_is_aggregated_into_a_small_figure():
 
 
 def _demo_timeline() -> Timeline:
-    tl = load_demo().to_timeline()
+    tl = timeline_of(load_demo())
     tl.cell_started("cell [2]", x=0.2)
     tl.cell_finished(x=8.0)
     tl.mark("oom", "CUDA out of memory. Tried to allocate 20.00 GiB", x=7.5, device=0)
@@ -163,7 +158,7 @@ def test_update_replaces_data_in_place():
 
 def test_recorded_transformer_timeline_round_trips_through_json():
     rec = load_recording(DATA / "transformer__default.json")
-    fig = timeline_figure(rec.to_timeline().render(0))
+    fig = timeline_figure(timeline_of(rec).render(0))
     doc = json.loads(fig.to_json())
     assert len(doc["data"]) == len(TIMELINE_TRACES)
     assert len(fig.to_json()) < 64_000

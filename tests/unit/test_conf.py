@@ -229,11 +229,11 @@ def test_diff_lists_changed_options_only():
                        "roundup_power2_divisions": (None, RoundupDivisions(uniform=4))}
 
 
-def test_with_value_validates_and_without_unsets():
+def test_with_changes_validates_and_without_unsets():
     conf = quiet("expandable_segments:True")
     with pytest.raises(AllocConfError):
-        conf.with_value("max_split_size_mb", "8")
-    assert conf.with_value("max_split_size_mb", 512).get("max_split_size_mb") == 512
+        conf.with_changes({"max_split_size_mb": "8"})
+    assert conf.with_changes({"max_split_size_mb": 512}).get("max_split_size_mb") == 512
     assert conf.without("expandable_segments").to_string() == ""
 
 
@@ -296,7 +296,8 @@ def _value_strategy(spec: opt.OptionSpec, version):
         return st.sampled_from(["[a:0.5]", "[kv:8G,w:0.25]"])
     if spec.name == "large_segment_size_mb":  # keep it below the 64 MiB floor used for the others
         return st.integers(11, 64).map(str)
-    low = 0 if bound is None or isinstance(bound.low, str) else int(bound.low) + (not bound.low_inclusive)
+    low = (0 if bound is None or isinstance(bound.low, str)
+           else int(bound.low or 0) + (not bound.low_inclusive))
     low = max(low, 64) if isinstance(bound.low if bound else None, str) else low
     return st.integers(low, min(int(bound.high) if bound and bound.high else 1 << 20, 1 << 20)).map(str)
 

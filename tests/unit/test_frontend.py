@@ -1,7 +1,7 @@
 """Front-end detection and the restart paths that cannot run for real here.
 
 Colab's front end does not exist on this machine: its detection is fed the
-module/environment markers Colab's kernel has (notebook.md §9), and its
+module/environment markers Colab's kernel has (docs/internals/notebook_facts.md §9), and its
 restart path is checked with the process kill replaced by a recorder — the one
 mock in this suite, because killing the test process is not an option. The
 JupyterLab restart path is exercised for real in tests/e2e/test_restart_browser.py.
@@ -123,3 +123,10 @@ def test_download_links_point_at_the_servers_files_url(monkeypatch, tmp_path):
     # Colab's files.download cannot run here (no google.colab): the link says so, no crash
     colab = frontend.download_link(target, Frontend.COLAB)
     assert colab.url is None and "download not started" in (colab.note or "")
+
+
+def test_only_notebook_front_ends_show_widgets():
+    """The views ask this one property (not a tuple of front ends) before building widgets."""
+    assert {f for f in Frontend if not f.shows_widgets} == {Frontend.TERMINAL, Frontend.PLAIN}
+    assert detect_frontend({}, modules={}).shows_widgets is False  # plain Python: text only
+

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -160,3 +161,82 @@ def test_no_import_cycles_between_modules():
         if module not in state:
             visit(module, [])
     assert cycles == []
+
+
+# ---------------------------------------------------------------- what views may import
+
+VIEWS = PACKAGE / "views"
+#: Views draw: they may import the front-end libraries, never the GPU stack. torch and NVML are
+#: reached through ``adapters/`` (``torch_private``, ``nvml``, ``runtime_state`` …), so a view
+#: cannot initialise CUDA or freeze the allocator settings by looking. ruff's TID251 bans these
+#: in core/ and app/; views/ is exempt there because it may import IPython, ipywidgets and
+#: plotly, so this test holds the rest of the rule for it.
+VIEW_BANNED = ("torch", "pynvml", "numpy")
+_PROBES = {"import_module", "find_spec", "__import__", "get"}
+
+#: Known, listed for issue 20's rewrite of the monitor (app/monitor.py chooses live vs replay):
+#: to be emptied there, not added to.
+VIEW_KNOWN = {"widgets/monitor.py:find_spec('torch')"}
+
+
+def _banned(name: str) -> bool:
+    return name.split(".", maxsplit=1)[0] in VIEW_BANNED
+
+
+def view_gpu_imports(path: Path) -> list[str]:
+    """Imports of torch/pynvml/numpy in a view, lazy ones and name-string probes included."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    label = path.relative_to(VIEWS) if path.is_relative_to(VIEWS) else path.name
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [f"{label}:import {a.name}" for a in node.names if _banned(a.name)]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and _banned(node.module):
+            found.append(f"{label}:from {node.module}")
+        elif isinstance(node, ast.Call) and node.args:
+            func = node.func
+            name = (func.attr if isinstance(func, ast.Attribute)
+                    else func.id if isinstance(func, ast.Name) else "")
+            first = node.args[0]
+            if (name in _PROBES and isinstance(first, ast.Constant) and isinstance(first.value, str)
+                    and _banned(first.value) and (name != "get" or _root_name(func) == "sys")):
+                found.append(f"{label}:{name}({first.value!r})")
+    return found
+
+
+def test_views_never_import_torch_or_nvml():
+    found = {hit.replace("\\", "/") for path in sorted(VIEWS.rglob("*.py")) if "__pycache__" not in path.parts
+             for hit in view_gpu_imports(path)}
+    assert sorted(found - VIEW_KNOWN) == [], "go through allocconf_widget.adapters instead"
+
+
+def test_the_view_check_sees_lazy_imports_and_probes(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("import ipywidgets as W\n"
+                      "def f():\n"
+                      "    import torch\n"
+                      "    from pynvml import nvmlInit\n"
+                      "    import importlib, sys\n"
+                      "    importlib.util.find_spec('torch')\n"
+                      "    sys.modules.get('torch')\n"
+                      "    importlib.import_module('numpy.linalg')\n"
+                      "    d = {}; d.get('torch')\n")
+    assert view_gpu_imports(sample) == [
+        "sample.py:import torch", "sample.py:from pynvml", "sample.py:find_spec('torch')",
+        "sample.py:get('torch')", "sample.py:import_module('numpy.linalg')"]
+
+
+# ---------------------------------------------------------------- the picture in docs/architecture.md
+
+def _architecture_picture() -> str:
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    return text.split("```", 2)[1]
+
+
+def test_the_architecture_picture_names_every_module():
+    """A module added without drawing it (or a module deleted but still drawn) fails here."""
+    picture = _architecture_picture()
+    words = set(re.findall(r"[a-z_]+", picture))
+    missing = [str(p.relative_to(PACKAGE)) for p in _modules()
+               if p.stem not in ("__init__", "__main__", "_errors", "_version") and p.stem not in words]
+    assert missing == [], "add these modules to the picture in docs/architecture.md"

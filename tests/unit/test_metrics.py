@@ -12,15 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from allocconf_widget.core.memory.metrics import (
-    STATS_METRIC_KEYS,
     Metrics,
-    device_metrics,
     metrics_json,
     segment_metrics,
     snapshot_metrics,
-    stats_metrics,
 )
-from allocconf_widget.core.memory.snapshot import load_snapshot, segments_of
+from allocconf_widget.core.memory.snapshot import load_snapshot
 from allocconf_widget.core.units import format_bytes
 from tests.snapshot_builders import GIB, MIB, block, legacy_segment, segment, snapshot
 
@@ -161,11 +158,6 @@ def test_json_document_has_exactly_the_documented_keys() -> None:
     assert set(seg) >= {"address", "total_size", "allocated", "fill", "is_expandable", "stream"}
 
 
-def test_device_metrics_on_a_live_segment_list() -> None:
-    dm = device_metrics(_mixed_snapshot()["segments"], 3)
-    assert dm.device == 3 and dm.total.segment_count == 3
-
-
 @pytest.mark.parametrize(
     ("size", "text"),
     [(0, "0 bytes"), (1023, "1023 bytes"), (1536, "1.50 KiB"), (3 * MIB, "3.00 MiB"),
@@ -283,7 +275,7 @@ def _recorded() -> list[Any]:
 def test_recorded_gpu_snapshots_agree_with_torch_segsum(path: Path) -> None:
     snap = load_snapshot(path)
     for device in sorted({s.get("device", 0) for s in snap["segments"]}):
-        _assert_agrees_with_segsum(segments_of(snap, device))
+        _assert_agrees_with_segsum([s for s in snap["segments"] if s.get("device", 0) == device])
 
 
 @pytest.mark.parametrize("path", _recorded())
@@ -349,49 +341,3 @@ def test_identities_hold_for_any_well_formed_snapshot(snap: Any) -> None:
 @settings(max_examples=40, deadline=None)
 def test_random_snapshots_agree_with_torch_segsum(snap: Any) -> None:
     _assert_agrees_with_segsum(snap["segments"])
-
-
-# ----------------------------------------------------------------- memory_stats()
-
-
-def test_stats_before_cuda_init_are_all_unknown() -> None:
-    out = stats_metrics({})
-    assert list(out) == list(STATS_METRIC_KEYS)
-    assert all(value is None for value in out.values())
-
-
-def test_stats_figures_comparable_with_a_snapshot() -> None:
-    stats = {
-        "reserved_bytes.all.current": 10 * GIB, "allocated_bytes.all.current": 6 * GIB,
-        "active_bytes.all.current": 6 * GIB + MIB, "requested_bytes.all.current": 6 * GIB - MIB,
-        "inactive_split_bytes.all.current": GIB, "segment.all.current": 40,
-        "reserved_bytes.all.peak": 12 * GIB, "active_bytes.all.peak": 9 * GIB,
-        "allocated_bytes.all.peak": 9 * GIB, "requested_bytes.all.peak": 9 * GIB,
-        "num_alloc_retries": 2, "num_ooms": 1, "num_device_alloc": 44, "num_device_free": 4,
-        "allocated_bytes.large_pool.current": 5 * GIB,  # ignored: per-pool keys
-    }
-    out = stats_metrics(stats)
-    assert out["cached_bytes"] == 4 * GIB  # "reserved by PyTorch but unallocated"
-    assert out["cached_fraction"] == pytest.approx(0.4)
-    assert out["pending_free_bytes"] == MIB
-    assert out["internal_fragmentation_bytes"] == MIB
-    assert out["gmlake_fragmentation"] == pytest.approx(0.25)
-    assert (out["num_alloc_retries"], out["num_ooms"], out["segment_count"]) == (2, 1, 40)
-
-
-def test_stats_from_old_torch_leave_missing_counters_unknown_not_zero() -> None:
-    out = stats_metrics({"reserved_bytes.all.current": 0, "allocated_bytes.all.current": 0})
-    assert out["num_device_alloc"] is None  # added in torch 2.3
-    assert out["cached_bytes"] == 0
-    assert out["cached_fraction"] is None  # nothing reserved: no share to speak of
-    assert out["gmlake_fragmentation"] is None
-
-
-def test_stats_under_cuda_malloc_async_pass_zeros_through() -> None:
-    zeros = dict.fromkeys((
-        "reserved_bytes.all.current", "allocated_bytes.all.current", "active_bytes.all.current",
-        "requested_bytes.all.current", "reserved_bytes.all.peak", "active_bytes.all.peak",
-        "num_alloc_retries", "num_ooms"), 0)
-    out = stats_metrics(zeros)
-    assert out["reserved_bytes"] == 0 and out["num_ooms"] == 0
-    assert out["gmlake_fragmentation"] is None and out["cached_fraction"] is None

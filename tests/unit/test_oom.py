@@ -15,7 +15,7 @@ from allocconf_widget.core.memory.oom import (
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 
-# Observed on torch 2.11 / H200 (allocator.md §9), wrapped as a terminal shows it.
+# Observed on torch 2.11 / H200 (docs/internals/allocator_facts.md §9), wrapped as a terminal shows it.
 MSG_22 = """torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB.
 GPU 0 has a total capacity of 139.80 GiB of which
 19.29 GiB is free. Including non-PyTorch memory, this process has 120.51 GiB memory in use. Of the
@@ -65,7 +65,7 @@ MSG_20_ALLOWED = (
     "512.00 KiB already allocated; 1.80 GiB free; 1.00 MiB allowed; 2.00 MiB reserved in total "
     "by PyTorch)"
 )
-MSG_ALLOWED = (  # fraction limit, as observed on 2.11 (allocator.md §9)
+MSG_ALLOWED = (  # fraction limit, as observed on 2.11 (docs/internals/allocator_facts.md §9)
     "CUDA out of memory. Tried to allocate 200.00 MiB. GPU 0 has a total capacity of 139.80 GiB "
     "of which 138.00 GiB is free. Including non-PyTorch memory, this process has 518.00 MiB "
     "memory in use. 143.16 MiB allowed; Of the allocated memory 0 bytes is allocated by PyTorch, "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,7 @@ def c(text: str, version: str = "2.11"):
 
 
 def facts(**kw) -> RuntimeFacts:
-    base = {"version": V211, "torch_imported": True, "cuda_built": True, "live": False,
+    base: dict[str, Any] = {"version": V211, "torch_imported": True, "cuda_built": True, "live": False,
             "can_set_live": True, "load_time_backend": "native"}
     base.update(kw)
     return RuntimeFacts(**base)

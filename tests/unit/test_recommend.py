@@ -9,9 +9,11 @@ import pytest
 
 from allocconf_widget._errors import AllocConfError
 from allocconf_widget.core.memory.snapshot import load_snapshot
-from allocconf_widget.core.sim.recommend import candidate_confs, format_bytes, recommend
+from allocconf_widget.core.sim.recommend import candidate_confs, recommend
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.trace import extract_trace
+from allocconf_widget.core.units import format_bytes
+from allocconf_widget.core.versions import TorchVersion
 from tests.trace_builder import TraceBuilder
 
 MiB = 1 << 20
@@ -29,14 +31,14 @@ def _varying_batches() -> TraceBuilder:
 
 
 def test_grid_respects_the_release_and_the_fraction() -> None:
-    old = dict(candidate_confs((2, 0), with_fraction=False))
+    old = dict(candidate_confs(TorchVersion(2, 0), with_fraction=False))
     assert "expandable_segments:True" not in old
     assert not any("max_non_split_rounding_mb" in c for c in old)
-    new = dict(candidate_confs((2, 11), with_fraction=False))
+    new = dict(candidate_confs(TorchVersion(2, 11), with_fraction=False))
     assert new["expandable_segments:True"] == "expandable"
     assert new["max_split_size_mb:256,max_non_split_rounding_mb:512"] == "combo"
     assert not any("garbage_collection_threshold" in c for c in new)
-    with_gc = dict(candidate_confs((2, 11), with_fraction=True))
+    with_gc = dict(candidate_confs(TorchVersion(2, 11), with_fraction=True))
     assert with_gc["garbage_collection_threshold:0.6"] == "gc"
 
 
@@ -80,7 +82,7 @@ def test_gc_candidates_appear_only_with_a_fraction() -> None:
 
 def test_current_settings_and_duplicates() -> None:
     trace = _varying_batches().build()
-    current = SimSettings(expandable_segments=True, torch_version=(2, 11))
+    current = SimSettings(expandable_segments=True, torch_version=TorchVersion(2, 11))
     rec = recommend(trace, torch_version="2.11", current_settings=current,
                     current_conf="expandable_segments:True", workers=1)
     # the grid's identical candidate is folded into the current one

@@ -1,6 +1,6 @@
 """Replay engine, event by event: rounding, pools, best fit, splitting, merging, streams.
 
-Expected values come from docs/allocator.md §6 (worked examples in §6.16).
+Expected values follow the model in docs/internals/allocator_facts.md §6.
 Helpers here are reused by the other test_simulator_*.py modules.
 """
 

@@ -22,6 +22,7 @@ from allocconf_widget.core.sim.pools import INFERRED_POOL
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import self_check, simulate
 from allocconf_widget.core.sim.trace import OP_EMPTY_CACHE, Trace, decode_entries, extract_trace
+from allocconf_widget.core.versions import TorchVersion
 
 DATA = Path(__file__).resolve().parents[2] / "tests" / "data"
 MIB = 1 << 20
@@ -224,7 +225,7 @@ def test_an_unknown_action_lowers_confidence() -> None:
                        ("free_completed", 0x1000000, 4096))
     trace = decode_entries(entries)
     assert trace.unknown_actions == (("mystery_action", 1),)
-    fid = self_check(trace, SimSettings(torch_version=(2, 11)))
+    fid = self_check(trace, SimSettings(torch_version=TorchVersion(2, 11)))
     assert fid.exact and not fid.confident
     assert "mystery_action" in fid.summary()
 
@@ -242,7 +243,7 @@ def _burst_trace() -> Trace:
 def test_a_release_before_a_new_segment_is_the_oom_path_only_above_the_limit() -> None:
     trace = _burst_trace()
     assert trace.ambiguous_releases == 1
-    s = SimSettings(torch_version=(2, 11))
+    s = SimSettings(torch_version=TorchVersion(2, 11))
     # 40 + 60 MiB did not fit under 80 MiB: malloc released the cache itself (one retry)
     tight = simulate(trace, s, device_total=80 * MIB, check=True)
     assert tight.fidelity is not None and tight.fidelity.exact

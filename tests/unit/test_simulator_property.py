@@ -12,6 +12,7 @@ from allocconf_widget.core.sim.engine import Engine
 from allocconf_widget.core.sim.settings import SimSettings, round_size
 from allocconf_widget.core.sim.simulator import self_check, simulate
 from allocconf_widget.core.sim.trace import SEG_NAMES, decode_entries
+from allocconf_widget.core.versions import TorchVersion
 from tests.trace_builder import TraceBuilder
 
 MiB = 1 << 20
@@ -30,8 +31,7 @@ actions = st.lists(
     min_size=4,
     max_size=80,
 )
-versions = st.sampled_from([(2, 0), (2, 3), (2, 5), (2, 6), (2, 9), (2, 10), (2, 11), (2, 12),
-                            (2, 13), (2, 15)])
+versions = st.sampled_from([TorchVersion(2, minor) for minor in (0, 3, 5, 6, 9, 10, 11, 12, 13, 15)])
 
 
 @st.composite
@@ -169,7 +169,7 @@ def test_invariants_hold_after_every_event(
 @settings(max_examples=100, deadline=None)
 @given(steps=actions, version=versions, expandable=st.booleans())
 def test_default_settings_never_oom_without_a_device_limit(
-    steps: list[tuple[str, int, int]], version: tuple[int, int], expandable: bool
+    steps: list[tuple[str, int, int]], version: TorchVersion, expandable: bool
 ) -> None:
     s = SimSettings(torch_version=version, expandable_segments=expandable)
     result = simulate(build(steps).build(), s)

@@ -152,7 +152,7 @@ def test_recorded_settings_reproduce_recorded_segment_events(path: Path) -> None
     check_recorded_run(path)
 
 
-_ARCHIVE_CASES = ARCHIVES or [pytest.param(None, marks=pytest.mark.skip(
+_ARCHIVE_CASES: list[Any] = list(ARCHIVES) or [pytest.param(None, marks=pytest.mark.skip(
     reason="no recorded run archives in benchmarks/data"))]
 
 

@@ -33,6 +33,7 @@ from allocconf_widget.core.sim.state import (
     reconstruct_initial_state,
 )
 from allocconf_widget.core.sim.trace import SEG_NAMES, decode_entries, extract_trace
+from allocconf_widget.core.versions import TorchVersion
 from tests.snapshot_builders import block, segment, snapshot
 
 MiB = 1 << 20
@@ -40,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
 ARCHIVES = sorted((ROOT / "benchmarks" / "data").glob("*.tar.xz"))
 BASE = 0x7F00_0000_0000
-S211 = SimSettings(torch_version=(2, 11))
+S211 = SimSettings(torch_version=TorchVersion(2, 11))
 
 
 # ------------------------------------------------------------------ helpers
@@ -346,7 +347,7 @@ def check_cuts(path: Path, fractions: tuple[float, ...], *, exact: bool,
     final = AllocatorState.from_snapshot_segments(snap["segments"], device=0, source="final")
     gc = s.gc_threshold > 0 and s.per_process_memory_fraction is not None
     counts = {"cuts": 0, "identical": 0, "replay_exact": 0, "final_equal": 0, "true_state_exact": 0}
-    for k in clean_cuts(entries, fractions, split_pair=split_pair):
+    for k in clean_cuts(list(entries), fractions, split_pair=split_pair):  # type: ignore[arg-type]
         counts["cuts"] += 1
         forward = replay_state(decode_entries(entries[:k], recorded_gc=s.gc_threshold > 0), s,
                                device_total=total, non_pytorch_bytes=other)
@@ -457,7 +458,7 @@ def test_notebook_recording_replays_from_its_recorded_start_state() -> None:
 def test_notebook_recorded_state_equals_backward_reconstruction() -> None:
     snap = load_snapshot(NB)
     recorded = extract_trace(snap).initial_state
-    del snap[INITIAL_SEGMENTS_KEY]
+    del snap[INITIAL_SEGMENTS_KEY]  # type: ignore[misc]
     rebuilt = extract_trace(snap).initial_state
     assert recorded is not None and rebuilt is not None
     assert rebuilt.source == RECONSTRUCTED

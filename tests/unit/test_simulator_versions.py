@@ -16,7 +16,7 @@ from allocconf_widget.core.sim.settings import (
 )
 from allocconf_widget.core.sim.simulator import infer_torch_version, simulate
 from allocconf_widget.core.sim.trace import decode_entries
-from allocconf_widget.core.versions import simulated_release
+from allocconf_widget.core.versions import TorchVersion, simulated_release
 from tests.trace_builder import TraceBuilder
 from tests.unit.test_simulator import MiB, run, segs, settings
 
@@ -43,7 +43,8 @@ def test_round_size(n: int, slots: tuple[int, ...], expected: int) -> None:
 
 
 def test_to_division_worked_value() -> None:
-    # allocator.md: to_division(1200, 4) = 1280 when the division branch applies
+    # docs/internals/allocator_facts.md §6: divisions apply only above 512·d bytes, so with d=4
+    # a 1200 B request is rounded to a multiple of 512 (1536), not to the division step (1280)
     assert round_size(1200, (4,) * 16, True) == 1536
     assert round_size(2049 * 1024, (4,) * 16, True) == 2560 * 1024
 
@@ -163,7 +164,7 @@ def test_from_allocator_settings_reads_the_snapshot_readback() -> None:
     assert s.torch_version == (2, 11)
     unlimited = SimSettings.from_allocator_settings({"max_split_size": -1}, (2, 5))
     assert unlimited.max_split_bytes is None
-    assert SimSettings.from_allocator_settings(None, (2, 2)) == SimSettings(torch_version=(2, 2))
+    assert SimSettings.from_allocator_settings(None, (2, 2)) == SimSettings(torch_version=TorchVersion(2, 2))
 
 
 def test_from_allocator_settings_is_tolerant() -> None:
@@ -172,7 +173,7 @@ def test_from_allocator_settings_is_tolerant() -> None:
          "roundup_power2_divisions": {"1": "bad", "abc": 4}, "PYTORCH_CUDA_ALLOC_CONF": 5},
         (2, 12),
     )
-    assert s == SimSettings(torch_version=(2, 12))
+    assert s == SimSettings(torch_version=TorchVersion(2, 12))
 
 
 def test_from_conf_uses_the_configuration_model() -> None:
@@ -232,10 +233,12 @@ def test_infer_torch_version_from_the_trace() -> None:
     trace, readback = _recorded_by((2, 12))
     assert infer_torch_version(trace, readback, device_total=54 * MiB)[0] == (2, 12)
     # equally good rule sets: the preferred (installed) release wins
-    assert infer_torch_version(trace, readback, prefer=(2, 14), device_total=54 * MiB)[0] == (2, 14)
+    best = infer_torch_version(trace, readback, prefer=TorchVersion(2, 14), device_total=54 * MiB)
+    assert best[0] == (2, 14)
 
 
 def test_infer_torch_version_without_segment_events_falls_back() -> None:
     trace = _tie_break_trace().build()
-    assert infer_torch_version(trace, None, floor=(2, 3)) == ((2, 3), None)
-    assert infer_torch_version(trace, None, floor=(2, 3), prefer=(2, 9)) == ((2, 9), None)
+    assert infer_torch_version(trace, None, floor=(2, 3)) == (TorchVersion(2, 3), None)
+    preferred = infer_torch_version(trace, None, floor=(2, 3), prefer=TorchVersion(2, 9))
+    assert preferred == (TorchVersion(2, 9), None)

@@ -5,15 +5,11 @@ from __future__ import annotations
 import math
 import re
 import xml.dom.minidom
-from pathlib import Path
 
-from allocconf_widget.core.memory.metrics import snapshot_metrics
 from allocconf_widget.core.memory.recording import load_demo
-from allocconf_widget.core.memory.snapshot import load_snapshot
 from allocconf_widget.core.memory.timeline import Timeline
-from allocconf_widget.views.charts.svg import segment_strip_svg, timeline_svg
-
-DATA = Path(__file__).resolve().parents[1] / "data"
+from allocconf_widget.views.charts.svg import timeline_svg
+from tests.recordings import timeline_of
 
 
 def _parse(html: str) -> xml.dom.minidom.Document:
@@ -22,7 +18,7 @@ def _parse(html: str) -> xml.dom.minidom.Document:
 
 def test_demo_timeline_renders_lines_legend_and_peak():
     demo = load_demo()
-    html = timeline_svg(demo.to_timeline().render(0), title=demo.label)
+    html = timeline_svg(timeline_of(demo).render(0), title=demo.label)
     doc = _parse(html)
     assert "Recording: " in html
     paths = doc.getElementsByTagName("path")
@@ -103,20 +99,3 @@ def test_one_hour_at_10_hz_stays_under_64_kb():
 def test_empty_payload_says_so():
     html = timeline_svg(Timeline().render(0), empty_text="waiting for CUDA")
     assert "waiting for CUDA" in html and "<svg" not in html
-
-
-def test_segment_strip_from_a_real_snapshot():
-    snap = load_snapshot(DATA / "cnn__default.pickle.gz")
-    fills = snapshot_metrics(snap, include_segments=True)[0].total.segments
-    html = segment_strip_svg(fills, title="GPU 0")
-    doc = _parse(html)
-    assert len(doc.getElementsByTagName("g")) == len(fills)
-    assert f"{len(fills)} segments" in html
-
-
-def test_segment_strip_groups_many_segments():
-    snap = load_snapshot(DATA / "cnn__default.pickle.gz")
-    fills = snapshot_metrics(snap, include_segments=True)[0].total.segments * 50
-    html = segment_strip_svg(fills, max_pieces=100)
-    assert len(_parse(html).getElementsByTagName("g")) <= 100
-    assert len(html) < 40_000

@@ -119,10 +119,6 @@ class AllocConf:
         merged.update(incoming.entries)
         return _reparse(merged, self.torch_version)
 
-    def with_value(self, name: str, value: Any) -> AllocConf:
-        """A copy with one option set (``value`` may be text or a typed value); validated."""
-        return self.with_changes({name: value})
-
     def with_changes(self, changes: Mapping[str, Any]) -> AllocConf:
         """A copy with several options set (text or typed values) or unset (``None``), validated once.
 

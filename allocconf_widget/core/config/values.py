@@ -25,7 +25,6 @@ _CLASS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ROUNDUP_SLOTS = 16
 #: Largest band start (MiB) with a slot of its own: 32 GiB. Larger starts are folded into it.
 ROUNDUP_MAX_BAND = 1 << 15
-Band = tuple["int | str", int]
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ from allocconf_widget.core.memory.snapshot import (
     requested_size_of,
     segment_type_of,
 )
-from allocconf_widget.core.numbers import int_or_none
 
 # itemgetter raises KeyError when a block lacks one of these; that sends the
 # segment to the tolerant path. Requiring "frames" keeps the fast path exactly
@@ -332,16 +331,6 @@ def segment_metrics(segments: Iterable[Segment], *, include_segments: bool = Fal
     return tally.finish()
 
 
-def device_metrics(
-    segments: Iterable[Segment], device: int = 0, *, include_segments: bool = False
-) -> DeviceMetrics:
-    """Per-pool and total figures for segments of one device (not filtered by ``device``)."""
-    pools: dict[str, list[Segment]] = {}
-    for (_dev, label), segs in _group(list(segments)).items():
-        pools.setdefault(label, []).extend(segs)
-    return _device_result(device, pools, include_segments)
-
-
 def snapshot_metrics(
     snapshot: Snapshot, device: int | None = None, *, include_segments: bool = False
 ) -> dict[int, DeviceMetrics]:
@@ -368,75 +357,3 @@ def metrics_json(
             str(index): dm.to_dict(include_segments) for index, dm in sorted(per_device.items())
         }
     }
-
-
-# ----------------------------------------------------------------- formatting
-
-
-
-# ----------------------------------------------------------------- memory_stats()
-
-_STATS_CURRENT = {
-    "reserved_bytes": "reserved_bytes.all.current",
-    "allocated_bytes": "allocated_bytes.all.current",
-    "active_bytes": "active_bytes.all.current",
-    "requested_bytes": "requested_bytes.all.current",
-    "inactive_split_bytes": "inactive_split_bytes.all.current",
-    "segment_count": "segment.all.current",
-    "reserved_bytes_peak": "reserved_bytes.all.peak",
-    "allocated_bytes_peak": "allocated_bytes.all.peak",
-    "active_bytes_peak": "active_bytes.all.peak",
-    "requested_bytes_peak": "requested_bytes.all.peak",
-    "num_alloc_retries": "num_alloc_retries",
-    "num_ooms": "num_ooms",
-    "num_device_alloc": "num_device_alloc",
-    "num_device_free": "num_device_free",
-}
-
-STATS_METRIC_KEYS = (
-    *_STATS_CURRENT,
-    "cached_bytes",
-    "cached_fraction",
-    "pending_free_bytes",
-    "internal_fragmentation_bytes",
-    "gmlake_fragmentation",
-)
-"""Keys of :func:`stats_metrics`' result, in display order."""
-
-
-def _stat(stats: Mapping[str, object], key: str) -> int | None:
-    return int_or_none(stats.get(key))
-
-
-def _difference(a: int | None, b: int | None) -> int | None:
-    return None if a is None or b is None else a - b
-
-
-def _ratio(numerator: int | None, denominator: int | None) -> float | None:
-    if numerator is None or not denominator:
-        return None
-    return numerator / denominator
-
-
-def stats_metrics(stats: Mapping[str, object]) -> dict[str, int | float | None]:
-    """Figures comparable with the snapshot ones, from a flat ``torch.cuda.memory_stats()`` dict.
-
-    A key torch did not report gives ``None``, never 0, so "unknown" stays
-    distinguishable from "zero": ``memory_stats()`` is ``{}`` before CUDA is
-    initialised, ``num_device_alloc`` appeared in 2.3, and under
-    ``backend:cudaMallocAsync`` most counters are 0 (reported as 0).
-    """
-    out: dict[str, int | float | None] = {
-        name: _stat(stats, key) for name, key in _STATS_CURRENT.items()
-    }
-    reserved, allocated = out["reserved_bytes"], out["allocated_bytes"]
-    active, requested = out["active_bytes"], out["requested_bytes"]
-    cached = _difference(int_or_none(reserved), int_or_none(allocated))
-    out["cached_bytes"] = cached
-    out["cached_fraction"] = _ratio(cached, int_or_none(reserved))
-    out["pending_free_bytes"] = _difference(int_or_none(active), int_or_none(allocated))
-    out["internal_fragmentation_bytes"] = _difference(int_or_none(allocated), int_or_none(requested))
-    peak_ratio = _ratio(int_or_none(out["active_bytes_peak"]), int_or_none(out["reserved_bytes_peak"]))
-    out["gmlake_fragmentation"] = None if peak_ratio is None else 1.0 - peak_ratio
-    return out
-

@@ -26,7 +26,6 @@ from typing import Any, Protocol
 from allocconf_widget._errors import SnapshotError
 from allocconf_widget.core.memory.metrics import cached_share
 from allocconf_widget.core.memory.snapshot import Snapshot, load_snapshot
-from allocconf_widget.core.memory.timeline import Timeline
 from allocconf_widget.core.numbers import int_or_none
 
 DEMO_NAME = "demo_cnn_h200"
@@ -114,12 +113,6 @@ class Recording:
         return f"Recording: {self.description}"
 
     @property
-    def duration(self) -> float:
-        """Seconds from the first to the last recorded sample (or step)."""
-        ends = [s.t for s in self.samples[-1:]] + [s.t for s in self.steps[-1:]]
-        return max(ends) if ends else 0.0
-
-    @property
     def non_pytorch_bytes(self) -> int | None:
         """Memory the process held outside the allocator at the start (mostly the CUDA context)."""
         if self.device_total_bytes is None or self.free_at_start_bytes is None:
@@ -154,8 +147,8 @@ class Recording:
     def fragmentation(self) -> tuple[float | None, ...]:
         """External fragmentation at each sample, rebuilt from the snapshot's allocation history.
 
-        All ``None`` (and :attr:`fragmentation_note` says why) when the recording has no
-        snapshot, no history, or no wall-clock steps to align the history with its timeline.
+        All ``None`` when the recording has no snapshot, no history, or no wall-clock steps to
+        align the history with its timeline (the chart then leaves the ratio line out).
         Computed once (a few tenths of a second for the bundled recording).
         """
         from allocconf_widget.core.memory.trace_fragmentation import HistoryMismatchError, fragmentation_at
@@ -165,55 +158,16 @@ class Recording:
         if cached is not None:
             return tuple(cached)
         values: tuple[float | None, ...] = (None,) * len(self.samples)
-        note = None
         origin = self.epoch_origin_us
-        if origin is None:
-            note = "the recording has no step timestamps to align its allocation history with"
-        else:
+        if origin is not None:
             try:
                 points = fragmentation_at(self.snapshot(), [origin + s.t * 1e6 for s in self.samples])
                 values = tuple(p.external_fragmentation for p in points)
-            except (SnapshotError, HistoryMismatchError) as exc:
-                note = f"no fragmentation figure: {exc}"
+            except (SnapshotError, HistoryMismatchError):
+                pass  # no history to rebuild it from: no figure, never a made-up one
         with self._lock:
             self._derived["fragmentation"] = values
-            self._derived["fragmentation_note"] = note
         return values
-
-    @property
-    def fragmentation_note(self) -> str | None:
-        """Why :meth:`fragmentation` has no figures (None when it has them or was not asked)."""
-        with self._lock:
-            note = self._derived.get("fragmentation_note")
-        return note if isinstance(note, str) else None
-
-    # ------------------------------------------------------------- replay
-    def samples_until(self, t: float) -> tuple[RecordedSample, ...]:
-        """The samples recorded up to ``t`` seconds into the run."""
-        return tuple(s for s in self.samples if s.t <= t)
-
-    def to_timeline(
-        self, timeline: Timeline | None = None, *, until: float | None = None, device: int = 0
-    ) -> Timeline:
-        """Fill a timeline with the run (up to ``until`` seconds), steps included."""
-        timeline = timeline or Timeline()
-        non_pytorch = self.non_pytorch_bytes
-        fragmentation = self.fragmentation()
-        for sample, frag in zip(self.samples, fragmentation, strict=True):
-            if until is not None and sample.t > until:
-                break
-            values = sample.values()
-            values["non_pytorch"] = _f(non_pytorch)
-            values["fragmentation"] = frag
-            timeline.add(sample.t, values, device)
-        for step in self.steps:
-            if until is not None and step.t > until:
-                break
-            timeline.step(step.t, step.step)
-        return timeline
-
-
-# ----------------------------------------------------------------- loading
 
 
 def _f(value: int | None) -> float | None:
@@ -295,27 +249,6 @@ def recording_from_dict(
             Path(snapshot_path) if isinstance(snapshot_path, str | os.PathLike) else snapshot_path
         ),
     )
-
-
-def load_recording(
-    json_path: str | os.PathLike[str], snapshot_path: str | os.PathLike[str] | None = None
-) -> Recording:
-    """Load ``<name>.json``; the snapshot defaults to ``<name>.pickle.gz`` (or ``.pickle``) beside it."""
-    path = Path(json_path)
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SnapshotError(f"recording {os.fspath(path)!r} does not exist") from None
-    except (OSError, ValueError) as exc:
-        raise SnapshotError(f"cannot read recording {os.fspath(path)!r}: {exc}") from exc
-    if snapshot_path is None:
-        stem = path.name[: -len(".json")] if path.name.endswith(".json") else path.stem
-        for suffix in (".pickle.gz", ".pickle"):
-            candidate = path.with_name(stem + suffix)
-            if candidate.exists():
-                snapshot_path = candidate
-                break
-    return recording_from_dict(meta, path.stem, snapshot_path)
 
 
 #: a recording's sidecar is a few hundred KiB at most (its timeline); more is not ours

@@ -16,15 +16,14 @@ from typing import Any
 
 from allocconf_widget.core.memory.metrics import pool_label
 from allocconf_widget.core.memory.snapshot import ACTIVE_ALLOCATED
-from allocconf_widget.core.units import format_bytes
+from allocconf_widget.core.units import MIB, format_bytes
 
 BY_FRAME = "Python frame"
 BY_CLASS = "size class, stream and pool"
 NO_FRAMES = "(no stack: allocated before stacks were recorded)"
 _TORCH_DIR = f"{os.sep}torch{os.sep}"
-_MIB = 1 << 20
-_SIZE_CLASSES = ((1 * _MIB, "< 1 MiB"), (10 * _MIB, "1–10 MiB"), (100 * _MIB, "10–100 MiB"),
-                 (1024 * _MIB, "100 MiB–1 GiB"))
+_SIZE_CLASSES = ((1 * MIB, "< 1 MiB"), (10 * MIB, "1–10 MiB"), (100 * MIB, "10–100 MiB"),
+                 (1024 * MIB, "100 MiB–1 GiB"))
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from typing import IO, Any, TypedDict, cast
 
 from allocconf_widget._errors import SnapshotError, printable
 from allocconf_widget.core.memory.snapshot_fields import check_fields, short_repr
+from allocconf_widget.core.units import format_bytes
 from allocconf_widget.core.untrusted import LoadLimits, check_structure, gunzip_bounded, too_large
 
 ACTIVE_ALLOCATED = "active_allocated"
@@ -324,7 +325,7 @@ def large_snapshot_note(size_bytes: int) -> str | None:
     if size_bytes <= LARGE_SNAPSHOT_BYTES:
         return None
     return (
-        f"this snapshot is {size_bytes / (1 << 30):.1f} GiB: pytorch.org/memory_viz can crash "
+        f"this snapshot is {format_bytes(size_bytes)}: pytorch.org/memory_viz can crash "
         "the browser on files over 1 GiB (pytorch/pytorch PR #176290). Record fewer events "
         "(_record_memory_history(max_entries=...)) or view it with a desktop tool "
         "such as SnapViewer"
@@ -332,17 +333,6 @@ def large_snapshot_note(size_bytes: int) -> str | None:
 
 
 # ----------------------------------------------------------------- helpers
-
-
-def segments_of(snapshot: Snapshot, device: int | None = None) -> list[Segment]:
-    """The snapshot's segments, all of them or only those of one device.
-
-    A segment without a ``device`` key (very old snapshots) counts as device 0.
-    """
-    segments = snapshot["segments"]
-    if device is None:
-        return list(segments)
-    return [seg for seg in segments if seg.get("device", 0) == device]
 
 
 def devices_in(snapshot: Snapshot) -> list[int]:

@@ -45,9 +45,6 @@ DEFAULT_SERIES: tuple[str, ...] = (
 
 MARKER_KINDS: tuple[str, ...] = ("cell", "oom", "note", "idle")
 _MARKER_CAPS = {"cell": 256, "oom": 64, "note": 128, "idle": 64}
-SPAN_KINDS: frozenset[str] = frozenset({"cell", "idle"})
-"""Markers drawn as a shaded span from ``x`` to ``x_end`` (a cell run; an idle stretch skipped)."""
-
 Value = float | None
 _T = TypeVar("_T")
 

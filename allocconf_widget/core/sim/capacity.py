@@ -13,10 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from allocconf_widget.core.units import MIB
+
 if TYPE_CHECKING:
     from allocconf_widget.core.sim.trace import Trace
 
-MIB = 1 << 20
 #: Device memory in use in a fresh torch 2.11 process on an H200 once CUDA is initialised
 #: (``total − free`` right after ``mem_get_info``; the smallest over the recorded runs in
 #: ``benchmarks/data``, 526.8 MiB): the CUDA context before any kernel or library loads.

@@ -31,8 +31,8 @@ from typing import Any
 
 from allocconf_widget.core.numbers import int_or_zero
 from allocconf_widget.core.sim.state import pool_id_of_entry
+from allocconf_widget.core.units import MIB
 
-MIB = 1 << 20
 SMALL_SEGMENT = 2 * MIB
 DEFAULT_POOL = (0, 0)
 #: the id given to an inferred private pool that the snapshot does not name

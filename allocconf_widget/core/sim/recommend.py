@@ -5,7 +5,7 @@ The grid is the usual advice (expandable segments, ``max_split_size_mb``,
 force), filtered to what the given torch release accepts. Every candidate is
 replayed; results are ranked by "does it run out of memory", then by peak
 reserved memory, each with a one-line reason a person can check. Candidates
-are option strings validated by ``core.conf.parse_conf`` before they are
+are option strings validated by ``core.config.conf.parse_conf`` before they are
 simulated, so nothing recommended here can be rejected by torch.
 """
 

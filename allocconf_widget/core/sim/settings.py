@@ -32,7 +32,7 @@ UNLIMITED = 1 << 64  # stands in for SIZE_MAX (max_split_size unset)
 
 
 class ConfLike(Protocol):
-    """What :meth:`SimSettings.from_conf` needs from ``core.conf``'s parsed object."""
+    """What :meth:`SimSettings.from_conf` needs from ``core.config.conf``'s parsed object."""
 
     @property
     def torch_version(self) -> TorchVersion: ...
@@ -100,7 +100,7 @@ class SimSettings:
     # ------------------------------------------------------------ constructors
     @classmethod
     def from_conf(cls, conf: ConfLike, *, label: str | None = None) -> SimSettings:
-        """Build from a parsed configuration (``core.conf.parse_conf`` result)."""
+        """Build from a parsed configuration (``core.config.conf.parse_conf`` result)."""
         version = parse_version(conf.torch_version)
         backend = conf.get("backend")
         if backend not in (None, "native"):
@@ -129,7 +129,7 @@ class SimSettings:
 
     @classmethod
     def from_string(cls, text: str, torch_version: Any) -> SimSettings:
-        """Parse ``text`` with ``core.conf.parse_conf`` and convert it."""
+        """Parse ``text`` with ``core.config.conf.parse_conf`` and convert it."""
         from allocconf_widget.core.config.conf import parse_conf
 
         version = simulated_release(torch_version)
@@ -330,7 +330,7 @@ def scan_conf_pairs(text: str) -> dict[str, str]:
     """Split ``key:value,...`` loosely (brackets kept whole); last duplicate wins.
 
     Used only on strings torch already accepted (the read-back), so it does not
-    validate; ``core.conf`` is the real parser.
+    validate; ``core.config.conf`` is the real parser.
     """
     pairs: dict[str, str] = {}
     depth, start = 0, 0

@@ -186,28 +186,6 @@ class AllocatorState:
                       for b in seg.blocks))
 
     # -------------------------------------------------------- conversion
-    def to_snapshot_segments(self, device: int = 0) -> list[dict[str, Any]]:
-        """The state in ``memory_snapshot()`` form (for saving, or as a recorder key)."""
-        out = []
-        for seg in self.segments:
-            blocks = [{"address": b.address, "size": b.size, "requested_size": b.requested_size,
-                       "state": b.state, "frames": []} for b in seg.blocks]
-            out.append({
-                "device": device,
-                "address": seg.address,
-                "total_size": seg.total_size,
-                "allocated_size": sum(b.size for b in seg.blocks if b.state == ALLOCATED),
-                "active_size": sum(b.size for b in seg.blocks if b.active),
-                "requested_size": sum(b.requested_size for b in seg.blocks if b.active),
-                "stream": seg.stream,
-                "segment_type": "small" if seg.small else "large",
-                "segment_pool_id": seg.pool_id,
-                "is_expandable": seg.expandable,
-                "frames": [],
-                "blocks": blocks,
-            })
-        return out
-
     @classmethod
     def from_snapshot_segments(
         cls, segments: Sequence[Any], *, device: int | None = None, source: str = RECORDED,

@@ -1,4 +1,4 @@
-"""plotly figure builders from plain data: the memory timeline, the segment map, what-if charts.
+"""plotly figure builders from plain data: the memory timeline and the what-if charts.
 
 No display calls here: callers show a figure (``fig.show()``, a
 ``go.FigureWidget``, ``fig.to_html()``) as their front end allows. plotly is
@@ -7,9 +7,7 @@ never loads it), and everything used exists in plotly 5.24 (Colab) through 7.
 
 Sizes are bounded so a figure stays small: the timeline gets a decimated
 :class:`~allocconf_widget.core.memory.timeline.RenderPayload` (≤ N points per series),
-values are sent in the axis unit rounded to 4 significant digits, and the
-segment map merges blocks (and, for large snapshots, segments) into at most a
-fixed number of bars.
+and values are sent in the axis unit rounded to 4 significant digits.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ from typing import Any, NamedTuple
 
 from allocconf_widget.core.memory.timeline import Marker, RenderPayload
 from allocconf_widget.core.units import format_bytes
-from allocconf_widget.views.charts.segment_map import SegmentMap, build_segment_map
 from allocconf_widget.views.charts.style import (
     BYTE_SERIES,
     COLORS,
@@ -212,58 +209,6 @@ def update_timeline_figure(fig: Any, payload: RenderPayload, *, title: str | Non
         fig.layout.annotations = layout["annotations"]
         if title is not None:
             fig.layout.title.text = title
-
-
-# ----------------------------------------------------------------- segment map
-
-
-def segment_map_figure(
-    snapshot: Mapping[str, Any] | Sequence[Mapping[str, Any]],
-    *,
-    device: int | None = 0,
-    max_rows: int = 60,
-    max_pieces: int = 1500,
-    title: str | None = None,
-) -> Any:
-    """Segments as horizontal bars, blocks coloured by state, with sizes and allocation sites.
-
-    Accepts a snapshot dict or a list of segments. Adjacent blocks of one state
-    are merged; beyond ``max_rows`` segments the smallest are summed into one row,
-    and rows with more pieces than their share of ``max_pieces`` are binned, so a
-    20,000-block snapshot still gives a figure of bounded size. Hover text shows
-    sizes and, when the snapshot recorded stacks, the allocating frame.
-    """
-    go = _go()
-    smap = build_segment_map(snapshot, device=device, max_rows=max_rows, max_pieces=max_pieces)
-    fig = go.Figure()
-    for state, pieces in smap.by_state().items():
-        fig.add_trace(go.Bar(
-            orientation="h",
-            y=[p.row for p in pieces],
-            x=[round(p.size / (1 << 20), 3) for p in pieces],
-            base=[round(p.offset / (1 << 20), 3) for p in pieces],
-            name=smap.state_label(state),
-            marker={"color": smap.state_color(state), "line": {"width": 0.5, "color": "white"}},
-            hovertext=[p.hover for p in pieces],
-            hoverinfo="text",
-        ))
-    fig.update_layout(
-        barmode="overlay",
-        title={"text": title or smap.caption, "font": {"size": 13}},
-        xaxis={"title": {"text": "offset in segment (MiB)"}},
-        yaxis={"autorange": "reversed", "type": "category", "categoryorder": "array",
-               "categoryarray": smap.rows},
-        height=min(1400, 120 + 22 * max(1, len(smap.rows))),
-        margin={"l": 10, "r": 10, "t": 40, "b": 40},
-        legend={"orientation": "h", "y": -0.08},
-        template="plotly_white",
-    )
-    return fig
-
-
-def segment_map_of(snapshot: Mapping[str, Any], device: int | None = 0, **kwargs: Any) -> SegmentMap:
-    """The aggregated segment map data behind :func:`segment_map_figure` (no plotly needed)."""
-    return build_segment_map(snapshot, device=device, **kwargs)
 
 
 # ----------------------------------------------------------------- what-if helpers

@@ -7,7 +7,7 @@ single row; a row with more pieces than its share of ``max_pieces`` is cut into
 equal byte ranges, each drawn as its per-state byte totals. Byte totals per
 state and per row are exact at every level of aggregation.
 
-Pure Python (no plotly): :mod:`allocconf_widget.views.charts.figures` turns it into bars.
+Pure Python (no plotly): :mod:`allocconf_widget.views.charts.segment_map_svg` draws it as SVG bars.
 """
 
 from __future__ import annotations
@@ -44,17 +44,9 @@ class SegmentMap:
     rows: list[str]
     pieces: list[Piece]
     segments: int
-    shown_segments: int
     blocks: int
     caption: str
     totals: dict[str, int] = field(default_factory=dict)
-
-    def by_state(self) -> dict[str, list[Piece]]:
-        """Pieces grouped per state, free first so allocated bars draw on top."""
-        out: dict[str, list[Piece]] = {s: [] for s in reversed(STATES)}
-        for piece in self.pieces:
-            out.setdefault(piece.state, []).append(piece)
-        return {state: pieces for state, pieces in out.items() if pieces}
 
     @staticmethod
     def state_label(state: str) -> str:
@@ -226,4 +218,4 @@ def build_segment_map(
     reserved = sum(int(s.get("total_size", 0)) for s in segments)
     caption = (f"{len(segments)} segments, {blocks:,} blocks, {format_bytes(reserved)} reserved"
                + (f" (largest {len(shown)} shown)" if rest else ""))
-    return SegmentMap(rows, pieces, len(segments), len(shown), blocks, caption, totals)
+    return SegmentMap(rows, pieces, len(segments), blocks, caption, totals)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from allocconf_widget.core.units import format_bytes
+from allocconf_widget.core.units import GIB, KIB, MIB, TIB, format_bytes
 
 BYTE_SERIES: tuple[str, ...] = ("reserved", "allocated", "active", "non_pytorch")
 """Byte series drawn on the left axis, back to front."""
@@ -60,7 +60,7 @@ STATE_LABELS = {
     "inactive": "free (cached)",
 }
 
-_BYTE_UNITS = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "B"))
+_BYTE_UNITS = ((TIB, "TiB"), (GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB"), (1, "B"))
 
 
 def byte_unit(peak: float) -> tuple[int, str]:

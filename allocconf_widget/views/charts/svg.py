@@ -1,4 +1,4 @@
-"""The timeline (and a segment strip) as inline SVG inside an HTML string.
+"""The timeline as inline SVG inside an HTML string.
 
 This is the renderer for front ends where plotly's ``FigureWidget`` is
 unreliable or absent (Colab, VS Code; docs/internals/notebook_facts.md §4, §6): a core
@@ -17,7 +17,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from html import escape
 
-from allocconf_widget.core.memory.metrics import SegmentFill
 from allocconf_widget.core.memory.timeline import Marker, RenderPayload
 from allocconf_widget.core.units import format_bytes
 from allocconf_widget.views.charts.style import (
@@ -237,62 +236,3 @@ def timeline_svg(
            f'fill="currentColor" xmlns="http://www.w3.org/2000/svg">{"".join(body)}</svg>')
     return (f'<div class="allocconf-svgchart" style="{style}">{head}{svg}'
             f"{_legend(payload, (*BYTE_SERIES, *RATIO_SERIES))}</div>")
-
-
-# ----------------------------------------------------------------- segment strip
-
-
-def _group(fills: Sequence[SegmentFill], cap: int) -> list[tuple[str, int, int]]:
-    """``(tooltip, size, allocated)`` per drawn piece; consecutive segments merged beyond ``cap``."""
-    if len(fills) <= cap:
-        return [
-            (f"{f.pool} segment {f.address:#x}: {format_bytes(f.total_size)}, "
-             f"{f.fill:.0%} allocated{' (expandable)' if f.is_expandable else ''}",
-             f.total_size, f.allocated)
-            for f in fills
-        ]
-    per = -(-len(fills) // cap)
-    out = []
-    for i in range(0, len(fills), per):
-        chunk = fills[i:i + per]
-        size = sum(f.total_size for f in chunk)
-        used = sum(f.allocated for f in chunk)
-        out.append((f"{len(chunk)} segments: {format_bytes(size)}, "
-                    f"{(used / size if size else 0):.0%} allocated", size, used))
-    return out
-
-
-def segment_strip_svg(
-    fills: Sequence[SegmentFill], *, width: int = 760, height: int = 34, max_pieces: int = 300,
-    title: str | None = None,
-) -> str:
-    """Segments side by side (width ∝ size), each filled to its allocated share.
-
-    Gaps of pale blue inside reserved memory are cached-but-free bytes: the
-    fragmentation the timeline's right axis summarises.
-    """
-    pieces = _group(list(fills), max_pieces)
-    total = sum(size for _t, size, _a in pieces)
-    style = f"color:var(--jp-ui-font-color1,#333);{_FONT}"
-    head = f'<div style="font-weight:600">{escape(title)}</div>' if title else ""
-    if not total:
-        return f'<div class="allocconf-svgstrip" style="{style}">{head}no segments</div>'
-    scale = (width - 2) / total
-    x = 1.0
-    parts = []
-    for tooltip, size, used in pieces:
-        w = size * scale
-        filled = used * scale
-        parts.append(f'<g><title>{escape(tooltip)}</title>'
-                     f'<rect x="{_num(x)}" y="2" width="{_num(max(w, 0.5))}" height="{height - 4}" '
-                     f'fill="#c7d7ea" stroke="#fff" stroke-width="0.5"/>'
-                     f'<rect x="{_num(x)}" y="2" width="{_num(filled)}" height="{height - 4}" '
-                     f'fill="{COLORS["allocated"]}"/></g>')
-        x += w
-    used_total = sum(u for _t, _s, u in pieces)
-    caption = (f"{len(fills)} segments, {format_bytes(total)} reserved, "
-               f"{format_bytes(used_total)} allocated in them")
-    return (f'<div class="allocconf-svgstrip" style="{style}">{head}'
-            f'<svg viewBox="0 0 {width} {height}" width="100%" style="max-width:{width}px" '
-            f'xmlns="http://www.w3.org/2000/svg">{"".join(parts)}</svg>'
-            f'<div style="opacity:0.8">{escape(caption)}</div></div>')

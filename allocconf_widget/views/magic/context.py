@@ -8,7 +8,6 @@ by import (not by name strings), so mypy and the layering test see every one.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -25,9 +24,6 @@ class MagicContext:
     shell: Any  # IPython's InteractiveShell (untyped)
     session: Session
     cell: str | None
-
-
-Handler = Callable[[argparse.Namespace, MagicContext], object]
 
 
 class CommandModule(Protocol):

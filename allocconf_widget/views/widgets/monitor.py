@@ -81,13 +81,11 @@ class MonitorView:
         self._last_version: Any = None
         self._note: str | None = None
         self._link: tuple[str, str] | None = None  # (url, text) of the last export
-        self.last_export: Path | None = None
         self._remove_listener: Any = None
         self._events: list[tuple[str, Any]] = []
         self._closed = False
         # the header carries the full description; the chart keeps a short label of its own
         title = f"Recording: {run.recording.name} (replayed)" if run.recording is not None else None
-        self.renderer_requested = renderer
         wanted = choose_renderer(renderer, self.frontend)
         self.chart, self._note = build_chart(wanted, self._payload(), title)
         self.renderer = self.chart.name
@@ -311,7 +309,6 @@ class MonitorView:
         except Exception as exc:  # show, don't raise into the widget callback machinery
             self._say(f"failed: {exc}")
             return
-        self.last_export = path
         try:
             shown = path.relative_to(Path.cwd())
         except ValueError:

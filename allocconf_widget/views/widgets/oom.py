@@ -71,7 +71,6 @@ class OomAssistant:
         self.observer = OomObserver()
         self._lock = threading.Lock()
         self._cell_started: float | None = None
-        self.last_flight: Any = None
 
     def install(self) -> None:
         self.shell.events.register("pre_run_cell", self.pre_run_cell)
@@ -128,7 +127,7 @@ class OomAssistant:
             return False
         capture = dataclasses.replace(capture, message=report.message)
         flight_history().set_capture(capture)
-        self.last_flight = show_flight_oom(capture, session=get_session(self.shell), report=report)
+        show_flight_oom(capture, session=get_session(self.shell), report=report)
         return True
 
 
