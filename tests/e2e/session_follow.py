@@ -9,12 +9,12 @@ What-if row, the magic in another cell). Used by the JupyterLab / Notebook 7 tes
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from typing import Any
 
 from tests.e2e.jupyter import click_button, find_widget, set_toggle, wait_for_text, wait_until
 
 VAR = "PYTORCH_ALLOC_CONF"  # what torch 2.13 (CI's torch) reads
+CELLS = ["%load_ext allocconf_widget", "import torch\n%allocconf"]
 
 
 def _tab(panel: Any, title: str) -> None:
@@ -26,8 +26,17 @@ def _this_kernels_row(panel: Any) -> str:
     return str(rows.first.inner_text()) if rows.count() else ""
 
 
-def views_follow_the_session(nb: Any, panel: Any, run_magic: Callable[[str], None]) -> None:
-    """Apply in the panel, compare, then change and forget through the magic; check each view."""
+def views_follow_the_session(nb: Any) -> None:
+    """Open the panel, apply in it, compare, then change and forget through the magic in another
+    execution; check what each view shows after each action."""
+    nb.run_all(timeout=120)
+    panel = nb.page.locator(".allocconf-panel")
+    panel.wait_for(state="visible", timeout=30_000)
+
+    def run_magic(line: str) -> None:
+        reply = nb.execute(f"get_ipython().run_line_magic('allocconf', {line!r})")
+        assert reply.error is None, reply
+
     row = find_widget(panel, "opt-expandable-segments")
     set_toggle(row, "allocconf-set", True)
     wait_for_text(panel, "allocconf-status", re.compile(r"expandable_segments:True"))

@@ -354,15 +354,6 @@ def test_whatif_chart_draws(classic_page) -> None:
 
 def test_views_follow_the_session(classic_page) -> None:
     """The snippet box, the What-if rows and the saved line after each action (session_follow.py)."""
-    from tests.e2e.session_follow import views_follow_the_session
+    from tests.e2e.session_follow import CELLS, views_follow_the_session
 
-    nb = classic_page(["%load_ext allocconf_widget", "import torch\n%allocconf"])
-    nb.run_all(timeout=120)
-    panel = nb.page.locator(".allocconf-panel")
-    panel.wait_for(state="visible", timeout=30_000)
-
-    def run_magic(line: str) -> None:
-        reply = nb.execute(f"get_ipython().run_line_magic('allocconf', {line!r})")
-        assert reply.error is None, reply
-
-    views_follow_the_session(nb, panel, run_magic)
+    views_follow_the_session(classic_page(CELLS))

@@ -46,7 +46,16 @@ def test_the_recorded_oom_shows_sites_map_verdict_and_apply_reaches_the_kernel(n
     if os.environ.get("ALLOCCONF_UPDATE_DOCS_IMAGES"):
         (ROOT / "docs" / "images").mkdir(exist_ok=True)
         shutil.copy(shot, ROOT / "docs" / "images" / "oom.png")
+    # the card states one recommendation: torch's rules of thumb yield to the replay's verdict
+    card = view.locator(".allocconf-oom-report").first.inner_text()
+    assert "What to do" not in card and "recommends max_split_size_mb:128" in card
+    # a recording of another run: the green button asks first and changes nothing yet
     click_button(view, name="flight-apply")
+    question = wait_for_text(view, "flight-question", re.compile(r"not from this kernel's own run"),
+                             timeout=15)
+    assert "set max_split_size_mb:128" in question
+    assert nb.getenv(VAR) is None
+    click_button(view, name="flight-confirm")
     wait_for_text(view, "flight-result", re.compile(r"Applied max_split_size_mb:128\..*Next:", re.S),
                   timeout=30)
     nb.wait_for_value(f"os.environ.get({VAR!r})", "max_split_size_mb:128", setup="import os")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.session_follow import views_follow_the_session
+from tests.e2e.session_follow import CELLS, views_follow_the_session
 
 pytestmark = pytest.mark.browser
 
@@ -17,13 +17,4 @@ def _clean_saved_settings(no_saved_settings):
 
 @pytest.mark.parametrize("ui", ["lab", "notebook"])
 def test_views_follow_the_session(notebook_page, ui):
-    nb = notebook_page(["%load_ext allocconf_widget", "import torch\n%allocconf"], ui=ui)
-    nb.run_all(timeout=120)
-    panel = nb.page.locator(".allocconf-panel")
-    panel.wait_for(state="visible", timeout=30_000)
-
-    def run_magic(line: str) -> None:
-        reply = nb.execute(f"get_ipython().run_line_magic('allocconf', {line!r})")
-        assert reply.error is None, reply
-
-    views_follow_the_session(nb, panel, run_magic)
+    views_follow_the_session(notebook_page(CELLS, ui=ui))

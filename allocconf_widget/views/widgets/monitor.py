@@ -177,26 +177,25 @@ class MonitorView:
         callbacks are what kept this view, its sampler and its whole timeline alive) are
         closed, so repeated starts do not pile up memory.
         """
-        self.stop()
-        with self._lock:
-            self._closed = True
-            if self._remove_listener is not None:
-                self._remove_listener()
-                self._remove_listener = None
+        self._let_go()
         self.status.value += " <i>(replaced by a newer monitor)</i>"
         self.widget.children = (self.header, self.chart.widget, self.status)
         for widget in (*self.buttons.values(), self.toolbar, self.device_picker, self.segments):
             with contextlib.suppress(Exception):
                 widget.close()
 
-    def close(self) -> None:
-        """Stop and close the widgets (frees the front-end views)."""
+    def _let_go(self) -> None:
+        """Stop, and drop the sampler listener: nothing of the run is called from here on."""
         self.stop()
         with self._lock:
             self._closed = True
             if self._remove_listener is not None:
                 self._remove_listener()
                 self._remove_listener = None
+
+    def close(self) -> None:
+        """Stop and close the widgets (frees the front-end views)."""
+        self._let_go()
         # close our own widgets only (Widget.close_all() would close every widget in the kernel)
         for widget in (*self.buttons.values(), self.toolbar, self.header, self.status,
                        self.device_picker, self.segments, self.chart.widget, self.widget):
