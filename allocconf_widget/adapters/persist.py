@@ -37,6 +37,7 @@ from typing import Literal
 
 from allocconf_widget._errors import AllocConfError, AllocConfWarning
 from allocconf_widget.core.config.conf import AllocConf, parse_conf
+from allocconf_widget.core.untrusted import NotRegularFileError, read_regular_file
 from allocconf_widget.core.versions import VersionLike
 
 FORMAT = 1
@@ -175,10 +176,11 @@ def load(torch_version: VersionLike = None) -> SavedSettings | None:
 def _load_file(path: Path, torch_version: VersionLike, scope: Scope,
                project: Path | None) -> SavedSettings | None:
     try:
-        with path.open("rb") as handle:
-            data = handle.read(MAX_FILE_BYTES + 1)
+        data = read_regular_file(path, MAX_FILE_BYTES)
     except FileNotFoundError:
         return None
+    except NotRegularFileError as exc:
+        return _ignore(path, f"{exc}")
     except OSError as exc:
         return _ignore(path, f"it cannot be read ({exc.strerror or type(exc).__name__})")
     if len(data) > MAX_FILE_BYTES:
