@@ -22,6 +22,18 @@ from allocconf_widget.adapters.fraction_calls import noting_fraction_calls
 from allocconf_widget.core.sim.limits import FRACTION_CHANGES_KEY
 
 DEFAULT_MAX_ENTRIES = 1_000_000
+#: the ring buffer a recorded cell may ask for: torch takes any int (and fails with a raw
+#: TypeError on a negative one, after the cell was meant to run); 10 M entries is a few GiB
+#: of host memory, the flight recorder's bound too
+MIN_ENTRIES, MAX_ENTRIES = 1_000, 10_000_000
+
+
+def check_max_entries(value: int) -> int:
+    """``value`` if it is a ring-buffer size a recording may use; ValueError naming the range."""
+    if isinstance(value, bool) or not isinstance(value, int) or not MIN_ENTRIES <= value <= MAX_ENTRIES:
+        raise ValueError(f"{value!r} entries is out of range: use {MIN_ENTRIES:,} to "
+                         f"{MAX_ENTRIES:,} (default {DEFAULT_MAX_ENTRIES:,})")
+    return value
 #: Extra snapshot key holding the segments that existed when recording started.
 INITIAL_SEGMENTS_KEY = "allocconf_initial_segments"
 
@@ -66,6 +78,7 @@ def record(max_entries: int = DEFAULT_MAX_ENTRIES, device: int = 0) -> Iterator[
     snapshot, which is exactly when a what-if is wanted most; the error is
     kept in ``CellRecording.error`` and re-raised.
     """
+    check_max_entries(max_entries)  # before anything starts: bad input changes nothing
     torch = _torch()
     recording = CellRecording(torch_version=str(torch.__version__))
     torch_private.record_history(torch, max_entries=max_entries)

@@ -45,7 +45,7 @@ SURE_MARGIN = 0.0
 
 def turn_on(*, max_entries: int | None = None, python_stacks: bool = False) -> FlightStatus:
     """Keep the allocation history from now (or from CUDA's start, when it is not up yet)."""
-    settings = FlightSettings(**({"max_entries": max_entries} if max_entries else {}),
+    settings = FlightSettings(**({"max_entries": max_entries} if max_entries is not None else {}),
                               python_stacks=python_stacks)
     return flight_history().turn_on(settings)
 

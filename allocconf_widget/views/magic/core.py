@@ -324,5 +324,7 @@ def _looked_in() -> str:
     try:
         return (f"project {persist.project_dir()}: looked in {persist.project_settings_path()} "
                 f"and the global {persist.global_settings_path()}")
+    except persist.NoProjectDirError:
+        return "the working directory no longer exists, so no project is known"
     except persist.NoConfigDirError:
         return f"project {persist.project_dir()}: no settings folder is known"
