@@ -378,6 +378,10 @@ def read_sidecar(snapshot_path: str | os.PathLike[str]) -> SidecarRead:
     except Exception as exc:  # optional untrusted data: any failure means "ignore it"
         return _bad_sidecar(sidecar, f"it is not a recording's sidecar ({type(exc).__name__}: "
                             f"{printable(str(exc), 120)})")
+    if total is None and meta.get("device_total_bytes") is not None:
+        return _bad_sidecar(sidecar, "'device_total_bytes' "
+                            f"{printable(repr(meta.get('device_total_bytes')), 40)} is not a number "
+                            "of bytes")
     if total is None:
         return SidecarRead(None)  # a JSON file of something else: nothing to say about it
     if not 0 < total <= SIDECAR_MAX_DEVICE_BYTES:
