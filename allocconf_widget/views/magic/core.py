@@ -79,7 +79,7 @@ def run_show(_args: argparse.Namespace, ctx: Any) -> dict[str, Any]:
     current = session.current(state)
     print(f"Runtime:   {state.describe()}")
     print(f"Requested: {current.to_string() or '(torch defaults)'}"
-          f"   [from {state.env.device_from or state.env.generic_from or 'no variable'}]")
+          f"   [from {state.env.source}]")
     if session.has_staged_changes:
         print(f"Staged:    {session.staged().to_string() or '(torch defaults)'}  "
               "(not applied: %allocconf apply)")
