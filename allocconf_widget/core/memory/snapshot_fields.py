@@ -70,7 +70,7 @@ _SEGMENT = {"address": ADDRESS, "total_size": SIZE, "allocated_size": SIZE, "act
 _ENTRY = {"action": TEXT, "addr": ADDRESS, "size": SIZE, "stream": SMALL_INT, "time_us": _number,
           "device_free": SIZE, "frames": LIST}
 _TOP = {"segments": LIST, "device_traces": LIST, "allocconf_initial_segments": LIST,
-        "host_segments": LIST, "host_traces": LIST}
+        "host_segments": LIST, "host_traces": LIST, "allocconf_cell_start": _of(dict, "a dict")}
 
 
 def _bytes_or_unlimited(floor: int) -> Check:
