@@ -92,3 +92,11 @@ def test_a_fifo_sidecar_is_ignored_with_a_note(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "run.json" in done.stdout + done.stderr and "FIFO" in done.stdout + done.stderr
     json.loads(done.stdout)
+
+
+def test_a_fifo_given_as_a_recording_is_refused(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "run.json")
+    done = _run("import sys\nfrom allocconf_widget.core.memory.recording import load_recording\n"
+                "try:\n    load_recording(sys.argv[1])\nexcept Exception as exc:\n    print(exc)",
+                str(tmp_path / "run.json"))
+    assert "FIFO" in done.stdout, done.stdout + done.stderr

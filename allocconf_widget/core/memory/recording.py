@@ -298,17 +298,25 @@ def recording_from_dict(
     )
 
 
+#: a recording's sidecar is a few hundred KiB at most (its timeline); more is not ours
+SIDECAR_MAX_BYTES = 8 << 20
+
+
 def load_recording(
     json_path: str | os.PathLike[str], snapshot_path: str | os.PathLike[str] | None = None
 ) -> Recording:
     """Load ``<name>.json``; the snapshot defaults to ``<name>.pickle.gz`` (or ``.pickle``) beside it."""
     path = Path(json_path)
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
+        data = read_regular_file(path, SIDECAR_MAX_BYTES)
+        if len(data) > SIDECAR_MAX_BYTES:
+            raise SnapshotError(f"recording {os.fspath(path)!r} is larger than "
+                                f"{SIDECAR_MAX_BYTES >> 20} MiB, which no recording's JSON is")
+        meta = json.loads(data.decode("utf-8"))
     except FileNotFoundError:
         raise SnapshotError(f"recording {os.fspath(path)!r} does not exist") from None
-    except (OSError, ValueError) as exc:
-        raise SnapshotError(f"cannot read recording {os.fspath(path)!r}: {exc}") from exc
+    except (OSError, ValueError, RecursionError) as exc:
+        raise SnapshotError(f"cannot read recording {os.fspath(path)!r}: {exc}") from None
     if snapshot_path is None:
         stem = path.name[: -len(".json")] if path.name.endswith(".json") else path.stem
         for suffix in (".pickle.gz", ".pickle"):
@@ -317,10 +325,6 @@ def load_recording(
                 snapshot_path = candidate
                 break
     return recording_from_dict(meta, path.stem, snapshot_path)
-
-
-#: a recording's sidecar is a few hundred KiB at most (its timeline); more is not ours
-SIDECAR_MAX_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
