@@ -96,6 +96,7 @@ def apply(requested: AllocConf | str, *, environ: MutableMapping[str, str] | Non
     environ = os.environ if environ is None else environ
     state = state or detect_state(dict(environ))
     conf = _validated(requested, state)
+    _refuse_unkeepable_split(state)
     previous = current_conf(state)
     facts = facts_from(state)
     plan = plan_apply(previous, conf, facts)
@@ -117,6 +118,29 @@ def apply(requested: AllocConf | str, *, environ: MutableMapping[str, str] | Non
     _write_env(environ, variable, env_conf.to_string(), state)
     notes = _notes(state, plan)
     return ApplyResult(conf, previous, variable, plan, setter_text, devices, notes)
+
+
+def _refuse_unkeepable_split(state: RuntimeState) -> None:
+    """Refuse to write when the settings torch runs cannot be carried into one variable.
+
+    With the generic keys read from one variable and the CUDA keys from another, a write
+    goes into the variable that wins both (:func:`variable_to_write`), carrying what torch
+    ran (:attr:`EnvReport.effective_text`). When one half is invalid, or the two halves
+    clash, that cannot be done faithfully: writing anyway would silently drop the other
+    half's options, so nothing is changed and the message says what to fix.
+    """
+    env = state.env
+    if not env.split:
+        return
+    try:
+        parse_conf(env.effective_text or "", state.version, warn=False)
+    except AllocConfError as exc:
+        raise AllocConfError(
+            f"not applied: torch {state.version} takes the generic keys from {env.generic_from} "
+            f"and the CUDA keys from {env.device_from}, and together they are not valid ({exc}); "
+            "writing one variable now would silently drop options torch was running",
+            fix=f"fix or unset {env.generic_from} or {env.device_from} (%env or os.environ), "
+            "then set again") from None
 
 
 def _validated(requested: AllocConf | str, state: RuntimeState) -> AllocConf:

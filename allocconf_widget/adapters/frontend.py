@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -106,6 +107,8 @@ def restart(frontend: Frontend | None = None, *, _kill: Any = os.kill,
     may be gone before this returns).
     """
     frontend = frontend or detect_frontend()
+    if frontend in (Frontend.JUPYTER, Frontend.HEADLESS) and _classic_notebook_hosts_this_kernel():
+        return _restart_via_page()
     if frontend is Frontend.COLAB:
         threading.Timer(0.5, _kill, args=(os.getpid(), signal.SIGKILL)).start()
         return RestartOutcome(frontend, True, "os.kill", "Restarting the Colab runtime: wait for "
@@ -160,6 +163,7 @@ def _restart_via_server(*, notify: Callable[[str], None] | None = None, kill: An
             continue
         if notify is not None:
             notify("Asking the Jupyter server to restart this kernel…")
+        quiet_interrupts_while_restarting()
         request = _RestartRequest(base, token, kernel)
         refusal = request.refusal(wait)
         if refusal is None:
@@ -172,6 +176,80 @@ def _restart_via_server(*, notify: Callable[[str], None] | None = None, kill: An
             "a token checks XSRF, which a request from the kernel cannot pass). Falling back: "
             f"{fallback.message}")
     return None
+
+
+#: how long a restart may take before an interrupt counts again (a restart takes seconds)
+RESTART_GRACE_S = 30.0
+
+
+def quiet_interrupts_while_restarting(grace: float = RESTART_GRACE_S) -> bool:
+    """Swallow SIGINT for ``grace`` seconds: the kernel is being restarted.
+
+    jupyter_client interrupts a kernel before it restarts it (``shutdown_kernel`` calls
+    ``interrupt_kernel`` first). The cell that asked for the restart is still waiting for
+    the server's answer, so that interrupt ended it with a KeyboardInterrupt traceback,
+    saved in the notebook, after a restart that worked. After ``grace`` seconds the
+    previous handler runs again (ipykernel also restores its own when the cell ends).
+    Only the main thread can install a handler; returns whether it did.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    previous = signal.getsignal(signal.SIGINT)
+    deadline = time.monotonic() + grace
+
+    def handler(signum: int, frame: Any) -> None:
+        if time.monotonic() < deadline:
+            return
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
+    return True
+
+
+def _classic_servers() -> list[dict[str, Any]]:
+    """Running classic Notebook 6 servers (``notebook.notebookapp``; Notebook 7 has none)."""
+    try:
+        from notebook.notebookapp import list_running_servers  # type: ignore[import-not-found]
+    except ImportError:
+        return []
+    try:
+        return list(list_running_servers())
+    except (OSError, ValueError):
+        return []
+
+
+def _classic_notebook_hosts_this_kernel() -> bool:
+    """Whether a classic Notebook 6 server runs this kernel (its page restarts it best)."""
+    kernel = _kernel_id()
+    if kernel is None:
+        return False
+    return any(_server_has_kernel(str(s.get("url", "")).rstrip("/"), str(s.get("token", "")), kernel)
+               for s in _classic_servers() if s.get("url"))
+
+
+_PAGE_RESTART_JS = (
+    "if (window.Jupyter && Jupyter.notebook && Jupyter.notebook.kernel) "
+    "{ Jupyter.notebook.kernel.restart(); }")
+
+
+def _restart_via_page() -> RestartOutcome:
+    """Classic Notebook 6: let the page restart its kernel, as Kernel > Restart does.
+
+    A kernel that ends itself there leaves the page with a "kernel died" dialog and a
+    "Dead kernel" badge although the server started a new kernel; a REST request from the
+    kernel cannot pass the server's XSRF check. The page's own ``kernel.restart()`` passes
+    it and walks the page through "restarting" to "idle", so what it shows is the truth.
+    """
+    from IPython.display import Javascript, display
+
+    quiet_interrupts_while_restarting()
+    display(Javascript(_PAGE_RESTART_JS))
+    return RestartOutcome(Frontend.JUPYTER, True, "page",
+                          "Asked this notebook's page to restart the kernel (as Kernel > Restart "
+                          "does); if it has not restarted within a few seconds, use that menu.")
 
 
 def _request(url: str, token: str, method: str = "GET") -> urllib.request.Request:

@@ -38,6 +38,7 @@ from typing import Literal
 from allocconf_widget._errors import AllocConfError, AllocConfWarning
 from allocconf_widget.core.config.conf import AllocConf, parse_conf
 from allocconf_widget.core.units import format_bytes
+from allocconf_widget.core.untrusted import NotRegularFileError, read_regular_file
 from allocconf_widget.core.versions import VersionLike
 
 FORMAT = 1
@@ -75,6 +76,30 @@ class NoConfigDirError(OSError):
     """Neither ``$XDG_CONFIG_HOME`` nor a home directory is known (random container uids)."""
 
 
+class NoProjectDirError(NoConfigDirError):
+    """The working directory was deleted (or moved away), so no project can be found for it.
+
+    A :class:`NoConfigDirError`: every caller that copes with "no settings folder" (save
+    says "Applied, but NOT saved", load finds nothing) copes with this the same way.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the kernel's working directory no longer exists (deleted or moved), so this "
+            f"project's settings file cannot be found; %cd to a folder that exists, or set "
+            f"{PROJECT_ENV} to the project's folder")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _cwd() -> Path:
+    try:
+        return Path.cwd()
+    except FileNotFoundError:
+        raise NoProjectDirError from None
+
+
 def config_dir() -> Path:
     """``$XDG_CONFIG_HOME/allocconf_widget`` (``~/.config/allocconf_widget`` by default).
 
@@ -96,8 +121,9 @@ def project_dir(cwd: Path | None = None) -> Path:
     """The folder whose notebooks share saved settings (see the module docstring)."""
     override = os.environ.get(PROJECT_ENV)
     if override:
-        return Path(override).expanduser().absolute()
-    start = (Path.cwd() if cwd is None else cwd).absolute()
+        chosen = Path(override).expanduser()
+        return chosen if chosen.is_absolute() else _cwd() / chosen
+    start = (_cwd() if cwd is None else cwd).absolute()
     try:
         home: Path | None = Path.home().absolute()
     except (RuntimeError, KeyError, OSError):
@@ -166,6 +192,9 @@ def load(torch_version: VersionLike = None) -> SavedSettings | None:
         project = project_dir()
         project_path = project_settings_path(project)
         global_path = global_settings_path()
+    except NoProjectDirError as exc:
+        warnings.warn(f"saved settings cannot be looked up: {exc}", AllocConfWarning, stacklevel=2)
+        return None
     except NoConfigDirError:
         return None  # nothing can have been saved without a folder; saving says why
     if project_path.exists() or project_path.is_symlink():
@@ -176,10 +205,11 @@ def load(torch_version: VersionLike = None) -> SavedSettings | None:
 def _load_file(path: Path, torch_version: VersionLike, scope: Scope,
                project: Path | None) -> SavedSettings | None:
     try:
-        with path.open("rb") as handle:
-            data = handle.read(MAX_FILE_BYTES + 1)
+        data = read_regular_file(path, MAX_FILE_BYTES)
     except FileNotFoundError:
         return None
+    except NotRegularFileError as exc:
+        return _ignore(path, f"{exc}")
     except OSError as exc:
         return _ignore(path, f"it cannot be read ({exc.strerror or type(exc).__name__})")
     if len(data) > MAX_FILE_BYTES:

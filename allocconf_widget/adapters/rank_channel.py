@@ -21,17 +21,21 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import secrets
 import socket
+import stat
+import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from allocconf_widget._errors import SnapshotError
+from allocconf_widget._errors import AllocConfWarning, SnapshotError
 from allocconf_widget.adapters import torch_private
 from allocconf_widget.core.config.envvars import ALL_VARS
 from allocconf_widget.core.memory.ranks import (
@@ -41,6 +45,7 @@ from allocconf_widget.core.memory.ranks import (
     RankRecord,
     parse_rank_record,
 )
+from allocconf_widget.core.untrusted import NotRegularFileError, read_regular_file
 
 CHANNEL_VARIABLE = "ALLOCCONF_RANK_DIR"
 FILE_PREFIX = "rank-"
@@ -67,7 +72,8 @@ def open_channel(base: Path | None = None, *, environ: Any = None) -> Path:
     """
     env = os.environ if environ is None else environ
     current = env.get(CHANNEL_VARIABLE)
-    if current and Path(current).is_dir() and Path(current).name.endswith(f"-{os.getpid()}"):
+    if (current and Path(current).name.endswith(f"-{os.getpid()}")
+            and channel_problem(Path(current)) is None):
         return Path(current)
     root = base or runtime_base()
     root.mkdir(parents=True, exist_ok=True)
@@ -76,14 +82,47 @@ def open_channel(base: Path | None = None, *, environ: Any = None) -> Path:
     return folder
 
 
+def channel_problem(folder: Path) -> str | None:
+    """Why ``folder`` is not a safe rank channel, or None when it is.
+
+    A channel must be a real directory (not a link to one) owned by this user with no
+    access for anyone else (mode 0700): in a shared folder (a mode-0777 team directory,
+    another user's) anyone could plant a link where a rank writes, or records it reads.
+    """
+    try:
+        info = os.lstat(folder)
+    except OSError as exc:
+        return f"{folder} cannot be used ({exc.strerror or type(exc).__name__})"
+    if stat.S_ISLNK(info.st_mode):
+        return f"{folder} is a symbolic link, not the private folder the notebook created"
+    if not stat.S_ISDIR(info.st_mode):
+        return f"{folder} is not a directory"
+    getuid = getattr(os, "geteuid", None)
+    if getuid is not None and info.st_uid != getuid():
+        return f"{folder} belongs to user id {info.st_uid}, not to this user ({getuid()})"
+    if info.st_mode & 0o077:
+        return (f"{folder} has mode {stat.S_IMODE(info.st_mode):04o}; a rank channel must be "
+                "private (0700): others could plant links or records in it")
+    return None
+
+
 def close_channel(folder: Path, *, environ: Any = None) -> None:
-    """Stop exporting the channel and remove its files (ranks still running stop reporting)."""
+    """Stop exporting the channel and remove its files (ranks still running stop reporting).
+
+    Every entry goes, however many ranks wrote there and whatever a killed rank left
+    half-written (its ``.rank-…tmp`` file), so the folder itself can go too. Only files and
+    links are removed (a link is removed, never followed); the folder is the notebook's own.
+    """
     env = os.environ if environ is None else environ
     if env.get(CHANNEL_VARIABLE) == str(folder):
         del env[CHANNEL_VARIABLE]
-    for path in _record_files(folder)[0]:
-        with contextlib.suppress(OSError):
-            path.unlink()
+    if channel_problem(folder) is None:
+        with contextlib.suppress(OSError), os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.name.startswith((FILE_PREFIX, f".{FILE_PREFIX}")) and not entry.is_dir(
+                        follow_symlinks=False):
+                    with contextlib.suppress(OSError):
+                        Path(entry.path).unlink()
     with contextlib.suppress(OSError):
         folder.rmdir()
 
@@ -112,11 +151,13 @@ def read_channel(folder: Path) -> ChannelRead:
     problems: list[str] = []
     for path in files:
         try:
-            with path.open("rb") as handle:
-                data = handle.read(MAX_RECORD_BYTES + 1)
+            # never blocks (a FIFO is refused unopened) and never follows a planted link
+            data = read_regular_file(path, MAX_RECORD_BYTES, follow_links=False)
             records.append(parse_rank_record(data, path.name))
         except FileNotFoundError:
             continue  # replaced or removed between listing and reading
+        except NotRegularFileError as exc:
+            problems.append(f"{path.name}: {exc.strerror}")
         except (OSError, SnapshotError) as exc:
             problems.append(str(exc))
     if left_out:
@@ -183,6 +224,7 @@ class RankReporter:
         self._lock = threading.Lock()
         self._oom_listening = False
         self._atexit = False
+        self._final: str | None = None  # the status close() wrote; a later close() does nothing
 
     # -- lifecycle
     def start(self) -> RankReporter:
@@ -194,26 +236,45 @@ class RankReporter:
             self._thread = threading.Thread(target=self._run, name=f"allocconf-rank-{self.rank}",
                                             daemon=True)
             self._thread.start()
+            self._final = None
             if not self._atexit:
-                atexit.register(self.close)
+                atexit.register(self._close_at_exit)
+                # a multiprocessing child (spawn, torch.multiprocessing.spawn) runs its
+                # finalizers while the target's exception is still propagating: that is the
+                # one moment a failed rank can be told from a finished one
+                from multiprocessing import util
+
+                util.Finalize(self, self._close_at_exit, exitpriority=100)
                 self._atexit = True
         return self
 
-    def close(self) -> None:
-        """Stop the thread and write a last record saying this rank finished."""
+    def close(self, status: str = "finished") -> None:
+        """Stop the thread and write a last record saying how this rank ended.
+
+        ``status`` is "finished" (the default: an explicit call means the work is done) or
+        "failed". Only the first call writes: the one at exit does not overwrite it.
+        """
+        if self._final is not None:
+            return
+        self._final = status
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=2.0)
-        self._write(status_override="finished")
+        self._write(status_override=status)
         if self._oom_listening:
             torch_private.remove_oom_listener(self._on_oom)
+
+    def _close_at_exit(self) -> None:
+        """At exit: "failed" when an exception is ending the process, else "finished"."""
+        self.close(ending_status(sys.exc_info()[1] or getattr(sys, "last_exc", None)
+                                 or getattr(sys, "last_value", None)))
 
     def __enter__(self) -> RankReporter:
         return self.start()
 
-    def __exit__(self, *_exc: object) -> None:
-        self.close()
+    def __exit__(self, _type: object, exc: BaseException | None, _tb: object) -> None:
+        self.close(ending_status(exc))
 
     @property
     def running(self) -> bool:
@@ -274,9 +335,7 @@ class RankReporter:
         try:
             with self._lock:
                 text = self._record(status_override).to_json()
-                tmp = self.path.with_name(f".{self.path.name}.tmp")
-                tmp.write_text(text, encoding="utf-8")
-                tmp.replace(self.path)
+                write_record(self.path, text.encode("utf-8"))
         except Exception:  # a report must never break the training loop
             self.write_errors += 1
         finally:
@@ -289,6 +348,43 @@ class RankReporter:
         self._write()
 
 
+def ending_status(exc: BaseException | None) -> str:
+    """"finished", unless ``exc`` (the exception ending the rank) says it failed.
+
+    ``SystemExit`` with code 0 or None is a normal end; any other code (torch's
+    ``spawn`` turns the function's exception into ``sys.exit(1)``), a ``KeyboardInterrupt``
+    or any other exception is a failure.
+    """
+    if exc is None:
+        return "finished"
+    if isinstance(exc, SystemExit) and exc.code in (None, 0):
+        return "finished"
+    return "failed"
+
+
+def write_record(path: Path, payload: bytes) -> None:
+    """Replace ``path`` with ``payload`` atomically, never writing through a link.
+
+    The temporary file gets a fresh random name and is created with
+    ``O_CREAT|O_EXCL|O_NOFOLLOW`` (mode 0600): if anything already sits at that name (a
+    link planted to make us overwrite its target) the creation fails instead of
+    following it. ``rename`` then replaces ``path`` itself, a link there included,
+    never the link's target.
+    """
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(
+        os, "O_CLOEXEC", 0)
+    fd = os.open(tmp, flags, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+        tmp.replace(path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
 _reporter: RankReporter | None = None
 _reporter_lock = threading.Lock()
 
@@ -298,7 +394,13 @@ def start_reporter(*, rank: int | None = None, interval: float = 0.5,
     """The process's reporter, started; None when no notebook channel was exported to it."""
     global _reporter  # noqa: PLW0603  (one reporter per process, like the sampler's registry)
     folder = os.environ.get(CHANNEL_VARIABLE)
-    if not folder or not Path(folder).is_dir():
+    if not folder:
+        return None
+    problem = channel_problem(Path(folder))
+    if problem is not None:
+        warnings.warn(f"allocconf rank_reporter: not reporting: {CHANNEL_VARIABLE}: {problem}. "
+                      "Open the channel from the notebook (%allocconf ranks open) and launch the "
+                      "ranks from there.", AllocConfWarning, stacklevel=3)
         return None
     with _reporter_lock:
         if _reporter is None:

@@ -10,6 +10,7 @@ run GPU code in that very cell.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,8 +21,23 @@ from allocconf_widget._errors import RuntimeStateError
 from allocconf_widget.adapters import torch_private
 from allocconf_widget.adapters.fraction_calls import noting_fraction_calls
 from allocconf_widget.core.sim.limits import FRACTION_CHANGES_KEY
+from allocconf_widget.core.sim.trace import CELL_START_KEY, CellStart, cell_traces
 
 DEFAULT_MAX_ENTRIES = 1_000_000
+#: the ring buffer a recorded cell may ask for: torch takes any int (and fails with a raw
+#: TypeError on a negative one, after the cell was meant to run); 10 M entries is a few GiB
+#: of host memory, the flight recorder's bound too
+MIN_ENTRIES, MAX_ENTRIES = 1_000, 10_000_000
+
+
+def check_max_entries(value: object) -> int:
+    """``value`` if it is a ring-buffer size a recording may use; ValueError naming the range."""
+    if isinstance(value, bool) or not isinstance(value, int) or not MIN_ENTRIES <= value <= MAX_ENTRIES:
+        raise ValueError(f"{value!r} entries is out of range: use {MIN_ENTRIES:,} to "
+                         f"{MAX_ENTRIES:,} (default {DEFAULT_MAX_ENTRIES:,})")
+    return value
+
+
 #: Extra snapshot key holding the segments that existed when recording started.
 INITIAL_SEGMENTS_KEY = "allocconf_initial_segments"
 
@@ -66,13 +82,25 @@ def record(max_entries: int = DEFAULT_MAX_ENTRIES, device: int = 0) -> Iterator[
     snapshot, which is exactly when a what-if is wanted most; the error is
     kept in ``CellRecording.error`` and re-raised.
     """
+    check_max_entries(max_entries)  # before anything starts: bad input changes nothing
     torch = _torch()
     recording = CellRecording(torch_version=str(torch.__version__))
     torch_private.record_history(torch, max_entries=max_entries)
     # What the allocator already holds: blocks allocated in earlier cells and cached free
     # segments. The trace only has what happens from now on; the simulator starts from this.
-    initial = (torch_private.trace_free_snapshot(torch) if torch_private.cuda_initialized(torch)
-               else [])
+    # The time noted first tells the cell's entries from history already in the ring buffer
+    # (the flight recorder's, since CUDA started; a live monitor's snapshot entries).
+    taken = torch_private.cuda_initialized(torch)
+    token = f"allocconf-cell-{secrets.token_hex(8)}"
+    previous = torch_private.set_memory_metadata(torch, token) if taken else None
+    started_us = time.time() * 1e6
+    try:
+        initial = torch_private.trace_free_snapshot(torch) if taken else []
+    finally:
+        ended_us = time.time() * 1e6
+        if previous is not None:
+            torch_private.set_memory_metadata(torch, previous)
+    mark = CellStart(started_us, ended_us, token if previous is not None else None)
     torch.cuda.reset_peak_memory_stats(device)
     free, total = torch.cuda.mem_get_info(device)
     recording.free_at_start, recording.device_total = int(free), int(total)
@@ -88,6 +116,10 @@ def record(max_entries: int = DEFAULT_MAX_ENTRIES, device: int = 0) -> Iterator[
         recording.seconds = time.perf_counter() - started
         try:
             recording.snapshot = torch_private.snapshot_with_history(torch)
+            recording.snapshot["device_traces"] = cell_traces(
+                recording.snapshot.get("device_traces") or [], initial if taken else None, mark)
+            recording.snapshot[CELL_START_KEY] = {"started_us": mark.started_us,
+                                                  "ended_us": mark.ended_us, "token": mark.token}
             recording.snapshot[INITIAL_SEGMENTS_KEY] = initial
             if fraction_calls:  # the replay applies them where they happened (core/sim/limits.py)
                 recording.snapshot[FRACTION_CHANGES_KEY] = fraction_calls

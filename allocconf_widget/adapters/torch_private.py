@@ -234,6 +234,22 @@ def record_history(torch: ModuleType, *, max_entries: int | None, stacks: str = 
                                       max_entries=max_entries)
 
 
+def set_memory_metadata(torch: ModuleType, text: str) -> str | None:
+    """Stamp ``text`` on the trace entries torch records from now (2.11+); returns the
+    metadata it replaced (``""`` when none), or None when this torch cannot do it."""
+    memory = torch.cuda.memory
+    setter = getattr(memory, "_set_memory_metadata", None)
+    getter = getattr(memory, "_get_memory_metadata", None)
+    if setter is None or getter is None:
+        return None
+    try:
+        previous = str(getter() or "")
+        setter(text)
+    except (RuntimeError, AttributeError, TypeError):
+        return None
+    return previous
+
+
 def snapshot_with_history(torch: ModuleType) -> dict[str, Any]:
     """``torch.cuda.memory._snapshot()`` as it stands (the recorder's end-of-cell capture)."""
     return dict(torch.cuda.memory._snapshot())

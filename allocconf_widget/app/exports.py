@@ -11,10 +11,13 @@ pickle (protocol 4) that pytorch.org/memory_viz and
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import os
+import stat
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -95,24 +98,85 @@ def timeline_json(timeline: Timeline, meta: Mapping[str, Any] | None = None) -> 
     return json.dumps(timeline_document(timeline, meta), indent=1)
 
 
+class ExportError(OSError):
+    """An export that was refused (a planted link, a folder of another user), with the reason."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "export refused"
+
+
 def export_dir() -> Path:
-    """``./allocconf-exports`` (created on first use)."""
+    """``./allocconf-exports`` (created on first use), refused unless it is this user's real folder.
+
+    In a shared working directory someone else could plant ``allocconf-exports`` as a link
+    to a folder of theirs (or of ours they want overwritten); exports are never written
+    through it.
+    """
     folder = Path.cwd() / EXPORT_DIR
-    folder.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(parents=True)
+    info = os.lstat(folder)
+    if stat.S_ISLNK(info.st_mode):
+        raise ExportError(f"{folder} is a symbolic link (to {str(folder.readlink())!r}); exports are "
+                          "never written through a link someone may have planted there. Remove "
+                          "it (or move it away) and export again")
+    if not stat.S_ISDIR(info.st_mode):
+        raise ExportError(f"{folder} exists and is not a folder; remove it and export again")
+    getuid = getattr(os, "geteuid", None)
+    if getuid is not None and info.st_uid != getuid():
+        raise ExportError(f"{folder} belongs to another user (id {info.st_uid}); exports are not "
+                          "written into it. Remove it, or export from a folder of your own")
     return folder
 
 
+def _reserve(folder: Path, kind: str, suffix: str) -> Path:
+    """A fresh name in ``folder``, created empty with ``O_EXCL`` so no other export takes it.
+
+    Names have one-second resolution; a second export of the same kind within that second
+    gets ``-2``, ``-3``… instead of overwriting the first.
+    """
+    stem = default_name(kind, "")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    for n in range(1, 10_000):
+        target = folder / f"{stem}{'' if n == 1 else f'-{n}'}{suffix}"
+        try:
+            os.close(os.open(target, flags, 0o644))
+        except FileExistsError:
+            continue
+        return target
+    raise ExportError(f"{folder} already holds 10,000 exports named {stem}*{suffix}")
+
+
 def _target(path: str | os.PathLike[str] | None, kind: str, suffix: str) -> Path:
-    target = Path(path) if path is not None else export_dir() / default_name(kind, suffix)
+    if path is None:
+        return _reserve(export_dir(), kind, suffix)
+    target = Path(path)
     if target.is_dir():
-        target = target / default_name(kind, suffix)
+        return _reserve(target, kind, suffix)
     return target
+
+
+def write_text_atomically(target: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``target``, then rename it over ``target``.
+
+    A reader (or a download link followed at that moment) never sees half a file, and a
+    failure leaves no truncated export behind; a link at ``target`` is replaced, never followed.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+        Path(tmp).replace(target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            Path(tmp).unlink()
+        raise
 
 
 def write_timeline_csv(timeline: Timeline, path: str | os.PathLike[str] | None = None) -> Path:
     """Write :func:`timeline_csv` (default: ``./allocconf-exports/allocconf-timeline-<time>.csv``)."""
     target = _target(path, "timeline", ".csv")
-    target.write_text(timeline_csv(timeline), encoding="utf-8")
+    write_text_atomically(target, timeline_csv(timeline))
     return target
 
 
@@ -122,7 +186,7 @@ def write_timeline_json(
 ) -> Path:
     """Write :func:`timeline_json` (default: ``./allocconf-exports/allocconf-timeline-<time>.json``)."""
     target = _target(path, "timeline", ".json")
-    target.write_text(timeline_json(timeline, meta), encoding="utf-8")
+    write_text_atomically(target, timeline_json(timeline, meta))
     return target
 
 

@@ -48,7 +48,7 @@ CDN_NOTE = ("PyTorch's viewer page loads its script (MemoryViz.js) from cdn.jsde
 
 def turn_on(*, max_entries: int | None = None, python_stacks: bool = False) -> FlightStatus:
     """Keep the allocation history from now (or from CUDA's start, when it is not up yet)."""
-    settings = FlightSettings(**({"max_entries": max_entries} if max_entries else {}),
+    settings = FlightSettings(**({"max_entries": max_entries} if max_entries is not None else {}),
                               python_stacks=python_stacks)
     return flight_history().turn_on(settings)
 

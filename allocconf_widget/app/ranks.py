@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from allocconf_widget.adapters import rank_channel
-from allocconf_widget.core.memory.ranks import STATE_TEXT, RankDevice, RankRecord, rank_state
+from allocconf_widget.core.memory.ranks import (
+    STATE_TEXT,
+    RankDevice,
+    RankRecord,
+    rank_state,
+    record_age,
+)
 from allocconf_widget.core.memory.timeline import Timeline
 from allocconf_widget.core.units import format_bytes
 
@@ -101,6 +107,7 @@ class RankBoard:
         self.max_points = max_points
         self.timelines: dict[tuple[int, int], Timeline] = {}
         self._seen: dict[tuple[int, int], int] = {}
+        self._seen_at: dict[tuple[int, int], float] = {}  # our clock when its seq last changed
         self._oom_marked: set[tuple[int, int]] = set()
         self._t0: float | None = None
         self._lock = threading.RLock()
@@ -135,9 +142,12 @@ class RankBoard:
             views = []
             for record in sorted(read.records, key=lambda r: (r.rank, r.pid)):
                 key = (record.rank, record.pid)
+                if self._seen.get(key, -1) < record.seq:
+                    self._seen_at[key] = now
                 self._extend(key, record)
                 alive = rank_channel.process_alive(record.pid, record.host)
-                state = rank_state(record, now=now, alive=alive)
+                seen_at = self._seen_at.get(key)
+                state = rank_state(record, now=now, alive=alive, seen_at=seen_at)
                 views.append(RankView(
                     rank=record.rank, pid=record.pid, host=record.host, state=state,
                     state_text=STATE_TEXT[state], devices=record.devices,
@@ -145,7 +155,7 @@ class RankBoard:
                     effective=dict(record.effective) if record.effective is not None else None,
                     settings_match=_settings_match(record, kernel_settings),
                     oom_text=_oom_text(record), note=record.note,
-                    seconds_since_report=max(now - record.wall, 0.0)))
+                    seconds_since_report=record_age(record, now=now, seen_at=seen_at)))
             return RanksReport(channel, tuple(views), read.problems, kernel_settings)
 
     def _extend(self, key: tuple[int, int], record: RankRecord) -> None:

@@ -53,13 +53,16 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
     Raises:
         SnapshotError: the file cannot be read safely or is not a snapshot.
     """
-    from allocconf_widget.core.memory.recording import sidecar_facts
+    from allocconf_widget.core.memory.recording import read_sidecar
     from allocconf_widget.core.memory.snapshot import load_snapshot
     from allocconf_widget.core.units import format_bytes
 
     snapshot = load_snapshot(path)
     notes: list[str] = []
-    known = sidecar_facts(path) if device_total is None or torch_version is None else None
+    sidecar = read_sidecar(path) if device_total is None or torch_version is None else None
+    known = sidecar.facts if sidecar is not None else None
+    if sidecar is not None and sidecar.problem:
+        notes.append(sidecar.problem)
     if known is not None:
         used = []
         if device_total is None:

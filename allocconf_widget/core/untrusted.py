@@ -15,7 +15,9 @@ lift them for a genuinely huge trace.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -145,3 +147,69 @@ def _children(node: object) -> Iterable[object]:
     if isinstance(node, set | frozenset):
         return list(node)
     return ()
+
+
+# ----------------------------------------------------------------- opening a file we did not write
+
+class NotRegularFileError(OSError):
+    """The path names something that is not a regular file (a FIFO, a device, a socket, a link)."""
+
+    def __str__(self) -> str:
+        return self.strerror or "not a regular file"
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISLNK, "a symbolic link"))
+
+
+def _kind(mode: int) -> str:
+    return next((text for test, text in _KINDS if test(mode)), "not a regular file")
+
+
+def read_regular_file(path: str | os.PathLike[str], limit: int, *, follow_links: bool = True) -> bytes:
+    """Read at most ``limit + 1`` bytes of ``path``, refusing anything but a regular file.
+
+    Every reader of a file we did not write goes through here, so a FIFO (or a link to
+    one) planted where a snapshot, a settings file or a rank record is expected can
+    never block: the file is opened with ``O_NONBLOCK`` (opening a FIFO for reading
+    then returns at once instead of waiting for a writer), checked with ``fstat`` on
+    the open descriptor (no race between the check and the read), and refused unless it
+    is a regular file. ``follow_links=False`` adds ``O_NOFOLLOW``: a symbolic link at
+    ``path`` is refused, as the rank channel requires.
+
+    Raises:
+        FileNotFoundError, PermissionError, IsADirectoryError: as ``open`` would.
+        NotRegularFileError: a FIFO, device, socket or (with ``follow_links=False``) link,
+            with a message that says which.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags |= getattr(os, "O_BINARY", 0)
+    if not follow_links:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+    name = os.fspath(path)
+    try:
+        fd = os.open(name, flags)
+    except OSError as exc:
+        if not follow_links and exc.errno == errno.ELOOP:
+            raise NotRegularFileError(errno.ELOOP, f"{name!r} is a symbolic link; it is not "
+                                      "followed here (someone else may have planted it)") from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, f"{name!r} is a directory", name)
+        if not stat.S_ISREG(mode):
+            raise NotRegularFileError(errno.EINVAL, f"{name!r} is {_kind(mode)}, not a regular "
+                                      "file; refused without reading it (reading could block)")
+        chunks: list[bytes] = []
+        left = limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 4 * MIB))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

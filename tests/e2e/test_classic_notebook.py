@@ -357,3 +357,41 @@ def test_views_follow_the_session(classic_page) -> None:
     from tests.e2e.session_follow import CELLS, views_follow_the_session
 
     views_follow_the_session(classic_page(CELLS))
+
+
+def _page_kernel_state(nb: ClassicNotebook) -> dict[str, Any]:
+    state: dict[str, Any] = nb.page.evaluate("""() => {
+        const badge = document.querySelector('#notification_kernel');
+        const dialogs = Array.from(document.querySelectorAll('.modal-dialog'))
+            .filter(d => d.offsetParent !== null).map(d => d.textContent);
+        const k = Jupyter.notebook.kernel;
+        return {badge: badge && badge.offsetParent !== null ? badge.textContent : '',
+                dialogs: dialogs, connected: !!(k && k.is_connected()),
+                indicator: document.querySelector('#kernel_indicator_icon').className};
+    }""")
+    return state
+
+
+def test_restart_leaves_the_page_showing_a_live_kernel(classic_page) -> None:
+    """Issue 22, item 16: the restart must not leave a "kernel died" dialog or a "Dead kernel"
+    badge on a page whose kernel was restarted and runs; the cell ends without a traceback."""
+    nb = classic_page(["%load_ext allocconf_widget", "import os\nos.getpid()", "%allocconf restart"])
+    first = nb.value("os.getpid()", setup="import os")
+    nb.start_run_all()
+
+    def restarted() -> bool:
+        try:
+            pid = nb.value("os.getpid()", setup="import os", timeout=5)
+        except Exception:  # restarting
+            nb._kernel = None
+            return False
+        return pid != first
+
+    wait_until(restarted, timeout=60, what="a new kernel process")
+    time.sleep(3)  # the page's own reaction to the restart (dialogs, badge) settles
+    state = _page_kernel_state(nb)
+    screenshot(nb.page, "classic-after-restart")
+    assert not any("died" in d.lower() or "dead" in d.lower() for d in state["dialogs"]), state
+    assert "dead" not in state["badge"].lower(), state
+    assert state["connected"], state
+    assert not nb.errors(), nb.errors()

@@ -98,3 +98,40 @@ def test_a_fraction_lowered_inside_the_recording_is_replayed_where_it_happened()
     assert out["restored"]  # the wrapper is gone after the recording
     assert out["sim_peak"] == out["real_peak"]
     assert out["sim_end"] == out["real_end"] <= 300 << 20  # released the cache, as the real run did
+
+
+_BEHIND_HISTORY = textwrap.dedent("""
+    import json, sys, torch
+    from allocconf_widget.adapters.flight_history import FlightSettings, flight_history
+    from allocconf_widget.adapters.recorder import record
+    from allocconf_widget.core.sim.simulator import SimSettings, extract_trace, self_check
+
+    flight = sys.argv[1] == "flight"
+    if flight:  # the flight recorder keeps history since CUDA started, in the same ring buffer
+        flight_history().turn_on(FlightSettings(max_entries=100_000))
+    keep = [torch.empty(s, device="cuda") for s in (1 << 18, 1 << 22, 3 << 20)]  # earlier cells
+    for _ in range(50):
+        torch.empty(1 << 16, device="cuda"); torch.cuda.memory_snapshot()  # a live monitor
+    def cell():
+        xs = [torch.randn(n, 1024, device="cuda") for n in (64, 512, 96, 1024, 200, 48)]
+        torch.cuda.memory_snapshot()  # the monitor again, inside the cell
+        del xs
+    with record() as rec:
+        cell()
+    trace = extract_trace(rec.snapshot)
+    version = tuple(int(p) for p in torch.__version__.split(".")[:2])
+    settings = SimSettings.from_allocator_settings(rec.snapshot["allocator_settings"], version)
+    fid = self_check(trace, settings, device_total=rec.device_total,
+                     non_pytorch_bytes=rec.device_total - rec.free_at_start)
+    print("RESULT", json.dumps({"events": rec.events, "ops": trace.num_ops, "exact": fid.exact,
+                                "summary": fid.summary()}))
+""")
+
+
+def test_a_recorded_cell_is_the_same_behind_the_flight_recorder_and_a_monitor():
+    """Issue 22, item 2: the same cell recorded with and without history before it."""
+    alone = _run_fresh(_BEHIND_HISTORY.replace("sys.argv[1]", "'alone'"))
+    behind = _run_fresh(_BEHIND_HISTORY.replace("sys.argv[1]", "'flight'"))
+    assert behind["ops"] == alone["ops"], (alone, behind)
+    assert behind["events"] <= alone["events"] + 2, (alone, behind)  # not the whole buffer
+    assert behind["exact"], behind["summary"]

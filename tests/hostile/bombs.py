@@ -88,6 +88,17 @@ WRONG_SHAPES: dict[str, Callable[[], bytes]] = {
     "block size negative": _mutated(("segments", 0, "blocks", 0, "size"), -5),
     "size a float": _mutated(("device_traces", 0, 1, "size"), 1.5),
     "frames a string": _mutated(("device_traces", 0, 1, "frames"), "x" * 100),
+    # field ranges at the door (issue 22, item 12): each passed the type check before
+    "max_split_size 0": _mutated(("allocator_settings", "max_split_size"), 0),
+    "max_split_size 0.5": _mutated(("allocator_settings", "max_split_size"), 0.5),
+    "max_split_size 7 bytes": _mutated(("allocator_settings", "max_split_size"), 7),
+    "large_segment_size 0": _mutated(("allocator_settings", "large_segment_size"), 0),
+    "gc threshold 7": _mutated(("allocator_settings", "garbage_collection_threshold"), 7),
+    "gc threshold 1": _mutated(("allocator_settings", "garbage_collection_threshold"), 1.0),
+    "fraction 2": _mutated(("allocator_settings", "per_process_memory_fraction"), 2.0),
+    "expandable a string": _mutated(("allocator_settings", "expandable_segments"), "yes"),
+    "roundup negative": _mutated(("allocator_settings", "roundup_power2_divisions"), [-1] * 16),
+    "conf text a list": _mutated(("allocator_settings", "PYTORCH_CUDA_ALLOC_CONF"), ["x"]),
 }
 
 BOMBS: dict[str, Callable[[], bytes]] = {

@@ -88,3 +88,26 @@ def test_limits_can_be_lifted_for_a_genuine_huge_trace(files, monkeypatch):
     monkeypatch.setenv("ALLOCCONF_MAX_SNAPSHOT_MIB", "1100")
     with pytest.raises(SnapshotError, match=r"not a readable pickle|not a memory snapshot"):
         load_snapshot(files["gzip bomb"])  # now expanded, and refused for what it is
+
+
+@pytest.mark.parametrize("case", ["max_split_size 0", "max_split_size 0.5", "gc threshold 7"])
+def test_the_magic_names_an_out_of_range_field_instead_of_raising(files, case, tmp_path):
+    """``%allocconf simulate FILE`` on a value out of range: the field's name, no ValueError."""
+    code = ("import sys\nfrom IPython.testing.globalipapp import start_ipython\n"
+            "ip = start_ipython()\nip.run_line_magic('load_ext', 'allocconf_widget')\n"
+            "r = ip.run_cell('%allocconf simulate ' + sys.argv[1])\n"
+            "print('ERROR', type(r.error_in_exec).__name__)")
+    done = subprocess.run([sys.executable, "-c", code, str(files[case])], capture_output=True,
+                          text=True, timeout=120, check=False, cwd=tmp_path)
+    out = done.stdout + done.stderr
+    assert "ERROR NoneType" in done.stdout or "ERROR UsageError" in done.stdout, out[-3000:]
+    assert "allocator_settings." in out and "Traceback" not in out, out[-3000:]
+
+
+def test_a_zero_max_split_in_the_recorded_text_replays_as_no_limit():
+    """The recorded variable's text is not range-checked by torch's readback: the replay copes."""
+    from allocconf_widget.core.sim.settings import SimSettings
+
+    settings = SimSettings.from_allocator_settings(
+        {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:0,large_segment_size_mb:0"}, (2, 11))
+    assert settings.max_split_bytes is None and settings.large_segment_bytes > 0

@@ -60,3 +60,20 @@ def test_an_oom_shows_as_a_line_with_the_rank_and_numbers(board):
     assert "1.00 GiB cached but unallocated" in view.table.value
     timeline = board.timelines[(0, os.getpid())]
     assert [m.kind for m in timeline.markers()] == ["oom"]
+
+
+def test_watch_caps_its_charts_and_says_what_it_left_out(board):
+    """256 ranks × 64 GPUs must not become 16,384 charts per refresh (issue 22, item 15)."""
+    import time
+
+    now = time.time()
+    for rank in range(40):
+        devices = tuple(RankDevice(d, GiB, GiB // 2) for d in range(4))
+        rec = RankRecord(rank=rank, pid=os.getpid(), host=os.uname().nodename, seq=1, wall=now,
+                         interval=0.5, status="sampling", devices=devices)
+        (board.channel / f"rank-{rank}-{os.getpid()}.json").write_text(rec.to_json())
+    view = RanksView(board)
+    assert view.charts.value.count("<svg") == 32
+    assert "160 charts (rank, GPU); showing 32" in view.charts.value
+    assert "more rows (rank, GPU) not shown" not in view.table.value  # 160 rows fit
+    assert len(view.charts.value) < 2_000_000

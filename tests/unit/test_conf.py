@@ -221,6 +221,23 @@ def test_merge_overrides_and_revalidates():
         base.merge("large_segment_size_mb:128")  # now max_split 64 < 128
 
 
+@pytest.mark.parametrize("changes", [
+    {"max_split_size_mb": "128,backend:cudaMallocAsync"},
+    {"max_split_size_mb": "128,expandable_segments:True"},
+    {"garbage_collection_threshold": "0.6:0.7"},
+    {"max_split_size_mb:128,backend": "cudaMallocAsync"},
+], ids=["comma-backend", "comma-expandable", "colon", "spliced-name"])
+def test_merge_validates_each_text_value_like_with_changes(changes):
+    """A mapping's text value cannot splice another option in (issue 22, item 5)."""
+    base = quiet("expandable_segments:False")
+    with pytest.raises(AllocConfError):
+        base.merge(changes)
+    with pytest.raises(AllocConfError):
+        base.with_changes(changes)
+    assert base.merge({"max_split_size_mb": "128"}).to_string() == (
+        "expandable_segments:False,max_split_size_mb:128")
+
+
 def test_diff_lists_changed_options_only():
     before = quiet("expandable_segments:False,max_split_size_mb:256")
     after = quiet("expandable_segments:True,max_split_size_mb:256,roundup_power2_divisions:4")

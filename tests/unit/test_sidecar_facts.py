@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from allocconf_widget.core.memory.recording import SIDECAR_MAX_BYTES, sidecar_facts
+from allocconf_widget.core.memory.recording import SIDECAR_MAX_BYTES, SidecarFacts, read_sidecar
+
+
+def sidecar_facts(snapshot: Path) -> SidecarFacts | None:
+    return read_sidecar(snapshot).facts
 
 GIB = 1 << 30
 

@@ -249,7 +249,15 @@ def _coerce(other: AllocConf | str | Mapping[str, Any], version: TorchVersion) -
         return other
     if isinstance(other, str):
         return _parse(other, version)
-    return _reparse(dict(other), version)
+    # as in with_changes: each name and each text value on its own first, so a value holding
+    # ``,`` or ``:`` cannot splice another option into the rebuilt string
+    checked: dict[str, Any] = {}
+    for name, value in dict(other).items():
+        canonical = check_option_name(name, version)
+        if isinstance(value, str):
+            _check_single_value(canonical, value, version)
+        checked[canonical] = value
+    return _reparse(checked, version)
 
 
 def _reparse(values: Mapping[str, Any], version: TorchVersion) -> AllocConf:

@@ -75,10 +75,63 @@ class EnvReport:
     problems: tuple[EnvProblem, ...] = field(default=())
 
     @property
+    def split(self) -> bool:
+        """True when torch reads the generic and the CUDA keys from two different variables."""
+        return (self.generic_from is not None and self.device_from is not None
+                and self.generic_from != self.device_from)
+
+    @property
+    def source(self) -> str:
+        """Where the settings torch runs come from, in words (``show``'s ``[from …]``)."""
+        if self.split:
+            return f"generic keys from {self.generic_from}, CUDA keys from {self.device_from}"
+        return self.device_from or self.generic_from or "no variable"
+
+    @property
     def effective_text(self) -> str | None:
-        """The string torch will parse (None when no variable it reads is set)."""
-        source = self.device_from or self.generic_from
-        return None if source is None else self.set_vars[source]
+        """The settings torch runs, as one string (None when no variable it reads is set).
+
+        From 2.10 the generic keys come from ``generic_from`` and the CUDA keys from
+        ``device_from``; when those differ (``PYTORCH_HIP_ALLOC_CONF`` and
+        ``PYTORCH_ALLOC_CONF`` set on a CUDA build) torch runs the generic keys of the one
+        and the CUDA keys of the other, and this is that combination. Writing it into the
+        one variable that wins both halves keeps every option torch was running.
+        """
+        if self.generic_from is None and self.device_from is None:
+            return None
+        if not self.split:
+            source = self.device_from or self.generic_from
+            return None if source is None else self.set_vars[source]
+        assert self.generic_from is not None and self.device_from is not None  # split says so
+        return combined_text(self.set_vars[self.generic_from], self.set_vars[self.device_from],
+                             self.version)
+
+
+def combined_text(generic_text: str, device_text: str, version: TorchVersion) -> str:
+    """The generic keys of ``generic_text`` with the CUDA keys (``backend`` too) of ``device_text``.
+
+    Each half is parsed on its own, as torch parses it; a half that does not parse is
+    returned as it is (the environment report names it invalid, and nothing is built on
+    it). When the two valid halves clash (a rule between a generic and a CUDA key), the
+    result is their plain concatenation, which the caller's parse refuses with the reason.
+    """
+    from allocconf_widget.core.config import options as opt
+    from allocconf_widget.core.config.conf import format_value, parse_conf
+
+    halves = []
+    for text, scope in ((generic_text, opt.Scope.GENERIC), (device_text, opt.Scope.CUDA)):
+        try:
+            conf = parse_conf(text, version, warn=False)
+        except AllocConfError:
+            return text
+        halves.append(",".join(
+            f"{name}:{format_value(value)}" for name, value in conf.items()
+            if (spec := opt.spec_for(name)) is not None and spec.scope_in(version) is scope))
+    joined = ",".join(h for h in halves if h)
+    try:
+        return parse_conf(joined, version, warn=False).to_string()
+    except AllocConfError:
+        return joined
 
 
 def read_order(version: TorchVersion) -> ReadOrder:

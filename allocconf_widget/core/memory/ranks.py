@@ -32,7 +32,17 @@ REPORTING = "reporting"
 SILENT = "silent"  # alive, but no record for several intervals
 DIED = "died"  # its process is gone without saying it finished
 FINISHED = "finished"
+FAILED = "failed"  # it ended with an exception (its reporter said so on the way out)
 OOM = "oom"  # it ran out of memory (it may still be alive and retrying)
+
+#: a record's wall clock is seconds since 1970: a value outside this range (1e308, -1e308)
+#: is refused at the door instead of putting inf/NaN into the chart's time axis
+MIN_WALL = 0.0
+MAX_WALL = 1e10  # the year 2286
+#: a rank whose liveness cannot be checked (another host) is presumed dead after this long
+#: without a new record (and at least this many of its intervals)
+PRESUMED_DEAD_S = 120.0
+PRESUMED_DEAD_INTERVALS = 60
 
 STATE_TEXT = {
     WAITING: "waiting for CUDA: the rank has not allocated GPU memory yet",
@@ -40,6 +50,7 @@ STATE_TEXT = {
     SILENT: "silent: no report for a while (stuck, or its reporter thread stopped)",
     DIED: "died: the process is gone and never said it finished",
     FINISHED: "finished",
+    FAILED: "failed: it ended with an exception (see the rank's output)",
     OOM: "ran out of memory",
 }
 
@@ -96,7 +107,7 @@ class RankRecord:
     seq: int
     wall: float  # time.time() of the report
     interval: float  # seconds between reports
-    status: str  # "waiting", "sampling" or "finished"
+    status: str  # "waiting", "sampling", "finished" or "failed"
     devices: tuple[RankDevice, ...] = ()
     world_size: int | None = None
     settings_variable: str | None = None  # the allocator variable the rank's environment holds
@@ -155,8 +166,8 @@ def parse_rank_record(data: bytes | str, where: str = "rank record") -> RankReco
         raise SnapshotError(f"{where}: 'devices' must be a list of at most {MAX_DEVICES} entries")
     devices = tuple(_device(d, f"{where}.devices[{i}]") for i, d in enumerate(devices_doc))
     status = doc.get("status")
-    if status not in ("waiting", "sampling", "finished"):
-        raise SnapshotError(f"{where}: 'status' must be waiting, sampling or finished")
+    if status not in ("waiting", "sampling", "finished", "failed"):
+        raise SnapshotError(f"{where}: 'status' must be waiting, sampling, finished or failed")
     effective = doc.get("effective")
     if effective is not None and not isinstance(effective, dict):
         raise SnapshotError(f"{where}: 'effective' must be an object or null")
@@ -165,7 +176,7 @@ def parse_rank_record(data: bytes | str, where: str = "rank record") -> RankReco
         pid=_int(doc, "pid", where, low=1, high=1 << 31),
         host=_text(doc.get("host"), "") or "",
         seq=_int(doc, "seq", where, low=0, high=1 << 62),
-        wall=_float(doc, "wall", where),
+        wall=_wall(doc, where),
         interval=min(max(_float(doc, "interval", where), 0.01), 3600.0),
         status=str(status),
         devices=devices,
@@ -196,6 +207,14 @@ def _float(doc: Mapping[str, Any], key: str, where: str) -> float:
     return float(value)
 
 
+def _wall(doc: Mapping[str, Any], where: str) -> float:
+    value = _float(doc, "wall", where)
+    if not MIN_WALL <= value <= MAX_WALL:
+        raise SnapshotError(f"{where}: 'wall' {value!r} is not a time.time() (seconds since "
+                            f"1970, {MIN_WALL:g} to {MAX_WALL:g})")
+    return value
+
+
 def _text(value: object, default: str | None) -> str | None:
     return printable(value, MAX_TEXT) if isinstance(value, str) else default
 
@@ -221,23 +240,42 @@ def _oom(doc: object, where: str) -> RankOom | None:
     return RankOom(device=_int(doc, "device", where, low=0, high=1 << 16),
                    alloc_bytes=_int(doc, "alloc_bytes", where, low=0, high=1 << 62),
                    limit_bytes=_figure(doc.get("limit_bytes")), free_bytes=_figure(doc.get("free_bytes")),
-                   wall=_float(doc, "wall", where),
+                   wall=_wall(doc, where),
                    figures=_device(figures, f"{where}.figures") if figures is not None else None)
 
 
 # ---------------------------------------------------------------- what the notebook shows
 
-def rank_state(record: RankRecord, *, now: float, alive: bool | None) -> str:
+def rank_state(record: RankRecord, *, now: float, alive: bool | None,
+               seen_at: float | None = None) -> str:
     """The state a rank is in: from its record, the clock and whether its process lives.
 
-    ``alive`` is None when that cannot be told (a rank on another host).
+    ``alive`` is None when that cannot be told (a rank on another host). ``seen_at`` is
+    when this kernel first saw the record's current ``seq`` (its own clock): a record
+    dated in the future (another clock, or a lie) still goes silent when it stops
+    changing, and a rank that cannot be checked for liveness is presumed dead after
+    :data:`PRESUMED_DEAD_S` (and :data:`PRESUMED_DEAD_INTERVALS` intervals) of silence.
     """
     if record.oom is not None:
         return OOM
     if record.status == "finished":
         return FINISHED
+    if record.status == "failed":
+        return FAILED
     if alive is False:
         return DIED
-    if now - record.wall > max(5 * record.interval, 3.0):
+    age = record_age(record, now=now, seen_at=seen_at)
+    if alive is None and age > max(PRESUMED_DEAD_S, PRESUMED_DEAD_INTERVALS * record.interval):
+        return DIED
+    if age > max(5 * record.interval, 3.0):
         return SILENT
     return WAITING if record.status == "waiting" else REPORTING
+
+
+def record_age(record: RankRecord, *, now: float, seen_at: float | None = None) -> float:
+    """Seconds since the rank last reported: by its clock, or by ours when its record stopped
+    changing while dated ahead of us (never negative)."""
+    age = now - record.wall
+    if seen_at is not None:
+        age = max(age, now - seen_at)
+    return max(age, 0.0)

@@ -23,10 +23,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
-from allocconf_widget._errors import SnapshotError
+from allocconf_widget._errors import SnapshotError, printable
 from allocconf_widget.core.memory.metrics import cached_share
 from allocconf_widget.core.memory.snapshot import Snapshot, load_snapshot
 from allocconf_widget.core.numbers import int_or_none
+from allocconf_widget.core.untrusted import read_regular_file
 
 DEMO_NAME = "demo_cnn_h200"
 
@@ -265,11 +266,25 @@ class SidecarFacts:
     torch_version: str | None
 
 
-def sidecar_facts(snapshot_path: str | os.PathLike[str]) -> SidecarFacts | None:
-    """``<name>.json`` beside ``<name>.pickle[.gz]``, if it is a recording that knows the device.
+#: the largest device a sidecar may claim (1 PiB): more is not a GPU, it is a broken file
+SIDECAR_MAX_DEVICE_BYTES = 1 << 50
 
-    Optional and untrusted: a missing, oversized, malformed or unrelated file gives None
-    (the caller then works as without it), never an error.
+
+@dataclass(frozen=True)
+class SidecarRead:
+    """What reading a snapshot's sidecar gave: its facts, or why a file there was ignored."""
+
+    facts: SidecarFacts | None
+    problem: str | None = None  # set when a sidecar exists but is unusable (the note to show)
+
+
+def read_sidecar(snapshot_path: str | os.PathLike[str]) -> SidecarRead:
+    """``<name>.json`` beside ``<name>.pickle[.gz]``, read as untrusted optional data.
+
+    Never raises: a missing file gives no facts and no problem; a FIFO, an oversized file,
+    malformed JSON, a field of the wrong type or out of range (an object where a list is
+    expected, ``1e999``, a 400-digit integer) gives no facts and a ``problem`` that names
+    the file, so the replay goes on without it and says so.
     """
     path = Path(snapshot_path)
     stem = path.name
@@ -279,16 +294,45 @@ def sidecar_facts(snapshot_path: str | os.PathLike[str]) -> SidecarFacts | None:
             break
     sidecar = path.with_name(stem + ".json")
     try:
-        if not sidecar.is_file() or sidecar.stat().st_size > SIDECAR_MAX_BYTES:
-            return None
-        meta = json.loads(sidecar.read_text(encoding="utf-8"))
+        data = read_regular_file(sidecar, SIDECAR_MAX_BYTES)
+    except FileNotFoundError:
+        return SidecarRead(None)
+    except OSError as exc:
+        return _bad_sidecar(sidecar, f"it cannot be read ({exc})")
+    if len(data) > SIDECAR_MAX_BYTES:
+        return _bad_sidecar(sidecar, f"it is larger than {SIDECAR_MAX_BYTES >> 20} MiB")
+    try:
+        meta = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
         rec = recording_from_dict(meta, stem)
-    except (OSError, ValueError, RecursionError, SnapshotError, TypeError):
-        return None
-    total = rec.device_total_bytes
-    if total is None or total <= 0:
-        return None
-    return SidecarFacts(sidecar, total, rec.non_pytorch_bytes, rec.torch_version)
+        total = rec.device_total_bytes
+        non_pytorch = rec.non_pytorch_bytes
+    except SnapshotError as exc:
+        return _bad_sidecar(sidecar, printable(str(exc), 200))
+    except Exception as exc:  # optional untrusted data: any failure means "ignore it"
+        return _bad_sidecar(sidecar, f"it is not a recording's sidecar ({type(exc).__name__}: "
+                            f"{printable(str(exc), 120)})")
+    if total is None and meta.get("device_total_bytes") is not None:
+        return _bad_sidecar(sidecar, "'device_total_bytes' "
+                            f"{printable(repr(meta.get('device_total_bytes')), 40)} is not a number "
+                            "of bytes")
+    if total is None:
+        return SidecarRead(None)  # a JSON file of something else: nothing to say about it
+    if not 0 < total <= SIDECAR_MAX_DEVICE_BYTES:
+        return _bad_sidecar(sidecar, f"'device_total_bytes' {printable(repr(total), 40)} is not a "
+                            "device's memory")
+    if non_pytorch is not None and not 0 <= non_pytorch <= total:
+        non_pytorch = None
+    version = rec.torch_version if rec.torch_version and len(rec.torch_version) <= 64 else None
+    return SidecarRead(SidecarFacts(sidecar, total, non_pytorch, version))
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number a recording writes")
+
+
+def _bad_sidecar(sidecar: Path, why: str) -> SidecarRead:
+    return SidecarRead(None, f"ignored the sidecar {printable(sidecar.name, 120)}: {why}; the "
+                       "snapshot is replayed without it")
 
 
 def load_demo() -> Recording:

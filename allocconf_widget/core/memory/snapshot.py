@@ -25,7 +25,14 @@ from typing import IO, Any, TypedDict, cast
 from allocconf_widget._errors import SnapshotError, printable
 from allocconf_widget.core.memory.snapshot_fields import check_fields, short_repr
 from allocconf_widget.core.units import format_bytes
-from allocconf_widget.core.untrusted import LoadLimits, check_structure, gunzip_bounded, too_large
+from allocconf_widget.core.untrusted import (
+    LoadLimits,
+    NotRegularFileError,
+    check_structure,
+    gunzip_bounded,
+    read_regular_file,
+    too_large,
+)
 
 ACTIVE_ALLOCATED = "active_allocated"
 """Block state: handed out to a tensor."""
@@ -150,11 +157,10 @@ def _describe(source: object) -> str:
 def _read_path(path: str | os.PathLike[str], limit: int) -> bytes:
     name = os.fspath(path)
     try:
-        with Path(path).open("rb") as handle:
-            data = handle.read(limit + 1)
-            if len(data) > limit:
-                raise too_large(f"snapshot file {name!r}", limit)
-            return data
+        data = read_regular_file(path, limit)
+        if len(data) > limit:
+            raise too_large(f"snapshot file {name!r}", limit)
+        return data
     except FileNotFoundError:
         raise SnapshotError(
             f"snapshot file {name!r} does not exist; check the path, or {_DUMP_HINT}"
@@ -163,6 +169,8 @@ def _read_path(path: str | os.PathLike[str], limit: int) -> bytes:
         raise SnapshotError(f"{name!r} is a directory; pass the snapshot .pickle file") from None
     except PermissionError:
         raise SnapshotError(f"no permission to read snapshot file {name!r}") from None
+    except NotRegularFileError as exc:
+        raise SnapshotError(f"cannot read snapshot file: {exc}; pass the .pickle file") from None
     except OSError as exc:
         raise SnapshotError(f"cannot read snapshot file {name!r}: {exc}") from exc
 

@@ -70,7 +70,64 @@ _SEGMENT = {"address": ADDRESS, "total_size": SIZE, "allocated_size": SIZE, "act
 _ENTRY = {"action": TEXT, "addr": ADDRESS, "size": SIZE, "stream": SMALL_INT, "time_us": _number,
           "device_free": SIZE, "frames": LIST}
 _TOP = {"segments": LIST, "device_traces": LIST, "allocconf_initial_segments": LIST,
-        "host_segments": LIST, "host_traces": LIST}
+        "host_segments": LIST, "host_traces": LIST, "allocconf_cell_start": _of(dict, "a dict")}
+
+
+def _bytes_or_unlimited(floor: int) -> Check:
+    """A byte count torch reports: an integer from ``floor``, or -1 / SIZE_MAX for "no limit"."""
+    def check(value: object) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"is {short_repr(value)}, not an integer number of bytes"
+        if value == -1 or floor <= value < _U64:
+            return None
+        return (f"is {short_repr(value)}; torch reports at least {floor:,} bytes here, or -1 for "
+                "no limit")
+    return check
+
+
+def _fraction_in(low: float, high: float, *, high_open: bool) -> Check:
+    def check(value: object) -> str | None:
+        problem = _number(value)
+        if problem:
+            return problem
+        number = float(value)  # type: ignore[arg-type]  # _number checked it
+        if number < low or number > high or (high_open and number == high):
+            return f"is {value}, outside {low}..{high}{' (exclusive)' if high_open else ''}"
+        return None
+    return check
+
+
+def _flag(value: object) -> str | None:
+    return None if isinstance(value, bool | int) and value in (0, 1) else (
+        f"is {short_repr(value)}, not True or False")
+
+
+def _roundup(value: object) -> str | None:
+    items = list(value.values()) if isinstance(value, dict) else value
+    if isinstance(items, list | tuple):
+        bad = next((v for v in items if isinstance(v, bool) or not isinstance(v, int)
+                    or not 0 <= v < _I64), None)
+        return None if bad is None else f"holds {short_repr(bad)}, not a count of divisions"
+    return _int_in(0, _I64)(value)
+
+
+#: every allocator_settings field a reader uses, with the range torch can report: a value
+#: outside it (max_split_size 0 or 0.5, a threshold of 7) is refused here, with the field's
+#: name, instead of failing later inside a replay
+_SETTING_RANGES: dict[str, Check] = {
+    "max_split_size": _bytes_or_unlimited(1 << 20),  # torch: max_split_size_mb above 20
+    "max_non_split_rounding_size": _bytes_or_unlimited(0),
+    "max_non_split_rounding": _bytes_or_unlimited(0),
+    "large_segment_size": _bytes_or_unlimited(1 << 20),
+    "garbage_collection_threshold": _fraction_in(0.0, 1.0, high_open=True),
+    "per_process_memory_fraction": _fraction_in(0.0, 1.0, high_open=False),
+    "expandable_segments": _flag,
+    "throw_on_cudamalloc_oom": _flag,
+    "release_lock_on_cudamalloc": _flag,
+    "pinned_use_cuda_host_register": _flag,
+    "roundup_power2_divisions": _roundup,
+    "PYTORCH_CUDA_ALLOC_CONF": _of(str, "a string"),
+}
 
 
 def _fields(record: object, where: str, checks: Mapping[str, Check]) -> None:
@@ -107,7 +164,10 @@ def check_fields(snapshot: Mapping[str, Any]) -> None:
             raise _error("allocator_settings", f"is {short_repr(settings)}, not a dict")
         for key, value in settings.items():
             problem = None
-            if isinstance(value, list):
+            ranged = _SETTING_RANGES.get(key) if isinstance(key, str) else None
+            if ranged is not None:
+                problem = ranged(value)
+            elif isinstance(value, list):
                 problem = next((p for p in map(_number, value) if p), None)
             elif isinstance(value, int | float) and not isinstance(value, bool):
                 problem = _number(value) or (

@@ -154,8 +154,8 @@ class SimSettings:
         max_split = _text_int(s.get("max_split_size"))
         if max_split is None:
             max_split = _mib(_text_int(pairs.get("max_split_size_mb")))
-        elif max_split < 0 or max_split >= (1 << 63):
-            max_split = None
+        if max_split is not None and not 0 < max_split < (1 << 63):
+            max_split = None  # -1 / SIZE_MAX: no limit (the loader refuses other values)
         non_split = _text_int(s.get("max_non_split_rounding_size", s.get("max_non_split_rounding")))
         if non_split is None:
             non_split = _mib(_text_int(pairs.get("max_non_split_rounding_mb")))
@@ -180,7 +180,7 @@ class SimSettings:
             roundup_slots=_slots_from_readback(s.get("roundup_power2_divisions")),
             gc_threshold=gc if gc is not None and 0.0 <= gc < 1.0 else 0.0,
             expandable_segments=bool(expandable),
-            large_segment_bytes=large or LARGE_BUFFER,
+            large_segment_bytes=large if large is not None and 0 < large < (1 << 63) else LARGE_BUFFER,
             per_process_memory_fraction=fraction if fraction is None or 0 <= fraction <= 1 else None,
             throw_on_cudamalloc_oom=bool(throw),
             torch_version=version,

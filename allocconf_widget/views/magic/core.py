@@ -82,7 +82,7 @@ def run_show(_args: argparse.Namespace, ctx: MagicContext) -> dict[str, Any]:
     current = session.current(state)
     print(f"Runtime:   {state.describe()}")
     print(f"Requested: {current.to_string() or '(torch defaults)'}"
-          f"   [from {state.env.device_from or state.env.generic_from or 'no variable'}]")
+          f"   [from {state.env.source}]")
     if session.has_staged_changes:
         print(f"Staged:    {session.staged().to_string() or '(torch defaults)'}  "
               "(not applied: %allocconf apply)")
@@ -314,5 +314,7 @@ def _looked_in() -> str:
     try:
         return (f"project {persist.project_dir()}: looked in {persist.project_settings_path()} "
                 f"and the global {persist.global_settings_path()}")
+    except persist.NoProjectDirError:
+        return "the working directory no longer exists, so no project is known"
     except persist.NoConfigDirError:
         return f"project {persist.project_dir()}: no settings folder is known"

@@ -13,6 +13,7 @@ help, and every user error raised as IPython's ``UsageError``. Subcommands live 
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 from typing import Any
 
@@ -86,13 +87,23 @@ def _magics_class() -> Any:
     return AllocConfMagics
 
 
+def one_line(text: str) -> str:
+    """``text`` as exactly one terminal line: newlines, escape sequences and other control
+    characters (a project folder may be named with any of them) shown escaped, never obeyed."""
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 256
+                   else f"\\u{ord(c):04x}" for c in text.rstrip("\n"))
+
+
 def load_extension(ipython: Any) -> None:
     """``%load_ext allocconf_widget``: register the magic, re-apply saved settings, hook OOMs."""
     from allocconf_widget.app.session import get_session
 
     ipython.register_magics(_magics_class())
     register_completer(ipython, build_parser)
-    magic_core.restore_saved_settings(print_to=sys.stdout, session=get_session(ipython))
+    line = io.StringIO()
+    magic_core.restore_saved_settings(print_to=line, session=get_session(ipython))
+    if line.getvalue():
+        print(one_line(line.getvalue()), file=sys.stdout)
     try:
         from allocconf_widget.views.widgets.oom import install_oom_assistant
     except ImportError:

@@ -25,7 +25,8 @@ def register(subparsers: SubParsers) -> None:
         description="Run the cell body while torch records every allocation, then keep the "
         "trace for `%allocconf simulate` and the What-if tab. Needs a CUDA GPU.")
     p.add_argument("--save", metavar="PATH", help="also write the snapshot (memory_viz opens it)")
-    p.add_argument("--max-entries", type=int, default=1_000_000, help="trace ring-buffer size")
+    p.add_argument("--max-entries", type=_entries, default=1_000_000,
+                   help="trace ring-buffer size (1,000 to 10,000,000)")
     p.set_defaults(handler=run_record, takes_cell=True)
     p = subparsers.add_parser(
         "simulate", help="replay the recorded trace under other settings and rank them",
@@ -36,6 +37,17 @@ def register(subparsers: SubParsers) -> None:
     p.add_argument("--demo", action="store_true", help="use the bundled H200 recording")
     p.add_argument("--fraction", type=float, help="memory fraction limit in force")
     p.set_defaults(handler=run_simulate)
+
+
+def _entries(text: str) -> int:
+    """``--max-entries`` checked at parse time: a bad value refuses the cell before it runs."""
+    from allocconf_widget.adapters.recorder import check_max_entries
+
+    try:
+        return check_max_entries(int(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc) if text.strip().lstrip("+-").isdigit()
+                                         else f"{text!r} is not a whole number") from None
 
 
 def run_record(args: argparse.Namespace, ctx: MagicContext) -> Any:

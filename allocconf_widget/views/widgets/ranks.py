@@ -11,12 +11,19 @@ from __future__ import annotations
 import threading
 from html import escape
 
-from allocconf_widget.app.ranks import RankBoard, RanksReport
+from allocconf_widget.app.ranks import RankBoard, RanksReport, RankView
+from allocconf_widget.core.memory.timeline import Timeline
 from allocconf_widget.views.charts.svg import timeline_svg
 from allocconf_widget.views.text.ranks import render_ranks
 
 _STATE_COLORS = {"reporting": "#2a7", "waiting": "#888", "silent": "#c80", "died": "#c33",
-                 "finished": "#555", "oom": "#c33"}
+                 "finished": "#555", "failed": "#c33", "oom": "#c33"}
+#: charts drawn per refresh (each is an SVG of a few KiB); the rest are summarised in one line
+MAX_CHARTS = 32
+#: rows of the table the widget shows (the text of ``ranks status`` lists all)
+MAX_TABLE_ROWS = 256
+_CHART_ORDER = {"oom": 0, "failed": 1, "died": 2, "silent": 3, "reporting": 4, "waiting": 5,
+                "finished": 6}
 
 
 class RanksView:
@@ -52,16 +59,31 @@ class RanksView:
         return report
 
     def _charts_html(self, report: RanksReport) -> str:
-        parts = []
-        for view in report.ranks:
+        """At most :data:`MAX_CHARTS` charts, ranks in trouble first, and a line for the rest.
+
+        256 ranks × 64 GPUs would be 16,384 charts (tens of MB of HTML per refresh); the
+        table still lists every rank, and the summary says what was left out.
+        """
+        wanted: list[tuple[RankView, Timeline, int | None]] = []
+        for view in sorted(report.ranks, key=lambda v: (_CHART_ORDER.get(v.state, 9), v.key)):
             timeline = self.board.timelines.get(view.key)
             if timeline is None:
                 continue
-            for device in timeline.devices:
-                payload = timeline.render(device, max_points=300)
-                title = f"rank {view.rank} · GPU {device} · {view.state}"
-                parts.append(f'<div style="display:inline-block;vertical-align:top;width:49%">'
-                             f"{timeline_svg(payload, width=480, height=200, title=title)}</div>")
+            wanted.extend((view, timeline, device) for device in timeline.devices)
+        parts = []
+        for view, timeline, device in wanted[:MAX_CHARTS]:
+            payload = timeline.render(device, max_points=300)
+            title = f"rank {view.rank} · GPU {device} · {view.state}"
+            parts.append(f'<div style="display:inline-block;vertical-align:top;width:49%">'
+                         f"{timeline_svg(payload, width=480, height=200, title=title)}</div>")
+        if len(wanted) > MAX_CHARTS:
+            left = wanted[MAX_CHARTS:]
+            ranks = sorted({v.rank for v, _t, _d in left})
+            shown = ", ".join(str(r) for r in ranks[:20]) + (" …" if len(ranks) > 20 else "")
+            parts.append(f'<div class="allocconf-ranks-more">{len(wanted):,} charts (rank, GPU); '
+                         f"showing {MAX_CHARTS} (ranks in trouble first). Not drawn: "
+                         f"{len(left):,} charts of ranks {escape(shown)}; the table above lists "
+                         "every rank.</div>")
         return "".join(parts)
 
     def start(self) -> RanksView:
@@ -91,10 +113,12 @@ class RanksView:
 
 
 def _table_html(report: RanksReport) -> str:
-    text = escape(render_ranks(report))
+    text = escape(render_ranks(report, max_rows=MAX_TABLE_ROWS))
     badges = "".join(
         f'<span style="margin-right:10px;color:{_STATE_COLORS.get(v.state, "#333")}">'
-        f"● rank {v.rank}: {escape(v.state_text)}</span>" for v in report.ranks)
+        f"● rank {v.rank}: {escape(v.state_text)}</span>" for v in report.ranks[:MAX_CHARTS])
+    if len(report.ranks) > MAX_CHARTS:
+        badges += f"<span>… and {len(report.ranks) - MAX_CHARTS:,} more ranks</span>"
     return f'<div>{badges}</div><pre style="margin:4px 0">{text}</pre>'
 
 

@@ -1,0 +1,109 @@
+"""Exports in a working directory someone else can write to (issue 22, item 18).
+
+A planted ``allocconf-exports`` link is refused; every export is written atomically; two
+exports of one kind within a second both survive; a project folder named with a newline or
+an ANSI escape cannot break ``%load_ext``'s one line.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from allocconf_widget.app import exports
+from allocconf_widget.core.memory.timeline import Timeline
+
+
+def _timeline() -> Timeline:
+    timeline = Timeline()
+    for i in range(5):
+        timeline.add(float(i), {"reserved": float(i << 20), "allocated": float(i << 19)}, 0)
+    return timeline
+
+
+def test_a_planted_exports_link_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    work = tmp_path / "shared"
+    work.mkdir()
+    (work / exports.EXPORT_DIR).symlink_to(victim)
+    monkeypatch.chdir(work)
+    with pytest.raises(OSError, match="symbolic link"):
+        exports.write_timeline_csv(_timeline())
+    assert list(victim.iterdir()) == []
+
+
+def test_a_dangling_planted_link_is_refused_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    work = tmp_path / "shared"
+    work.mkdir()
+    (work / exports.EXPORT_DIR).symlink_to(tmp_path / "not-yet")
+    monkeypatch.chdir(work)
+    with pytest.raises(OSError, match="symbolic link"):
+        exports.write_timeline_json(_timeline())
+    assert not (tmp_path / "not-yet").exists()
+
+
+def test_two_exports_in_one_second_both_survive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("time.time", lambda: 1_800_000_000.0)  # the same second
+    first = exports.write_timeline_csv(_timeline())
+    second = exports.write_timeline_csv(_timeline())
+    third = exports.write_snapshot({"segments": [], "device_traces": []})
+    fourth = exports.write_snapshot({"segments": [], "device_traces": []})
+    assert len({first, second, third, fourth}) == 4
+    assert all(p.stat().st_size > 0 for p in (first, second, third, fourth))
+
+
+def test_an_export_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure while writing leaves the old file whole, and no temporary file behind."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    target = folder / "timeline.csv"
+    target.write_text("old contents\n")
+    monkeypatch.setattr(exports, "timeline_csv", lambda _t: "x" * 10)
+    exports.write_timeline_csv(_timeline(), target)
+    assert target.read_text() == "x" * 10
+    target.write_text("old contents\n")
+    real_fdopen = os.fdopen
+
+    class FailingHandle:
+        def __init__(self, handle: object) -> None:
+            self.handle = handle
+
+        def __enter__(self) -> FailingHandle:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.handle.close()  # type: ignore[attr-defined]
+
+        def write(self, text: str) -> int:
+            self.handle.write(text[:3])  # type: ignore[attr-defined]
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fdopen", lambda fd, *a, **k: FailingHandle(real_fdopen(fd, *a, **k)))
+    with pytest.raises(OSError, match="No space"):
+        exports.write_timeline_csv(_timeline(), target)
+    assert target.read_text() == "old contents\n"
+    assert [p.name for p in folder.iterdir()] == ["timeline.csv"]
+
+
+@pytest.mark.parametrize("name", ["proj\nect", "proj\x1b[2J\x1b[31mect", "proj\rect"],
+                         ids=["newline", "ansi", "carriage-return"])
+def test_load_ext_prints_one_line_whatever_the_project_folder_is_named(tmp_path: Path,
+                                                                       name: str) -> None:
+    project = tmp_path / name
+    project.mkdir()
+    (project / "pyproject.toml").write_text("")
+    code = ("from IPython.testing.globalipapp import start_ipython\nip = start_ipython()\n"
+            "print('<<<')\nip.run_line_magic('load_ext', 'allocconf_widget')\nprint('>>>')")
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    env.pop("ALLOCCONF_PROJECT_DIR", None)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          check=False, cwd=project, env=env)
+    out = done.stdout.split("<<<\n", 1)[1].split(">>>", 1)[0]
+    assert out.count("\n") == 1 and out.startswith("allocconf_widget: "), repr(out)
+    assert "\x1b" not in out and "\r" not in out
