@@ -18,7 +18,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import TYPE_CHECKING
 
-from allocconf_widget.core.sim.blocks import Block, ExpSegment, insert_free, remove_free
+from allocconf_widget.core.sim.blocks import NO_CHANGE, Block, ExpSegment, insert_free, remove_free
 from allocconf_widget.core.sim.settings import SMALL_BUFFER
 from allocconf_widget.core.sim.trace import SEG_MAP, SEG_UNMAP
 
@@ -82,6 +82,7 @@ def _unmapped_insert(fl: FreeList, b: Block) -> None:
     pos = bisect_left(fl.unmapped_ptrs, b.ptr)
     fl.unmapped_ptrs.insert(pos, b.ptr)
     fl.unmapped.insert(pos, b)
+    fl.dirty = min(fl.dirty, b.ptr)  # a new candidate for the room search (see _find_room)
 
 
 def _unmapped_remove(fl: FreeList, b: Block) -> None:
@@ -113,8 +114,24 @@ def _try_merge(eng: EngineCore, dst: Block, src: Block | None) -> None:
 
 
 def _find_room(eng: EngineCore, fl: FreeList, r: int) -> Block:
-    """``find_expandable_block``: lowest-address idle run (free + unmapped) of ≥ r bytes."""
-    for u in fl.unmapped:
+    """``find_expandable_block``: lowest-address idle run (free + unmapped) of ≥ r bytes.
+
+    torch walks every unmapped range from the lowest; so did this replay, which made a
+    trace with many released holes quadratic (issue 22). The free list remembers where the
+    last search stopped (``room_ptr``) and the largest idle run it passed (``room_max``):
+    runs only grow when a block in them is freed or pages are unmapped, both of which lower
+    ``fl.dirty`` to their address; allocations only shrink runs. So while nothing below
+    ``room_ptr`` changed and ``r`` exceeds ``room_max``, every run below ``room_ptr`` is
+    still too small and the search resumes there, with the same answer as a full walk.
+    """
+    unmapped = fl.unmapped
+    if r > fl.room_max and fl.dirty >= fl.room_ptr:
+        first = bisect_left(fl.unmapped_ptrs, fl.room_ptr)
+        passed = fl.room_max
+    else:
+        first, passed = 0, 0
+    for pos in range(first, len(unmapped)):
+        u = unmapped[pos]
         c = u
         if u.prev is not None and not u.prev.busy:
             c = u.prev
@@ -124,12 +141,16 @@ def _find_room(eng: EngineCore, fl: FreeList, r: int) -> Block:
             total += x.size
             x = x.next
         if total >= r:
+            fl.room_ptr, fl.room_max, fl.dirty = u.ptr, passed, NO_CHANGE
             return c
+        passed = max(passed, total)
     page = SMALL_BUFFER if fl.pool.small else eng.rules.large_segment
     size = -(-eng.rules.expandable_reserve() // page) * page
     base = eng.expandable_base(size)
     exp = ExpSegment(base, page, size)
     eng.reservations.append(exp)
+    fl.room_ptr = unmapped[-1].ptr + 1 if unmapped else 0
+    fl.room_max, fl.dirty = passed, NO_CHANGE
     c = Block(base, size, fl, exp, eng.new_tb(base))
     c.mapped = False
     _unmapped_insert(fl, c)
