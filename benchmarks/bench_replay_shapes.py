@@ -35,12 +35,11 @@ SIZES = (10_000, 20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000)
 
 def _worker(shape: str, n: int) -> None:
     """Build, decode and replay one shape in this process; print the CPU seconds as JSON."""
-    sys.path.insert(0, str(ROOT))
-    from tests.hostile.replay_shapes import SHAPES
-
+    sys.path.append(str(ROOT))  # for tests.hostile; the package comes from PYTHONPATH first
     from allocconf_widget.core.sim.settings import SimSettings
     from allocconf_widget.core.sim.simulator import simulate
     from allocconf_widget.core.sim.trace import extract_trace
+    from tests.hostile.replay_shapes import SHAPES
 
     build, conf = SHAPES[shape]
     entries = build(n)
@@ -50,8 +49,10 @@ def _worker(shape: str, n: int) -> None:
     t1 = time.process_time()
     result = simulate(trace, settings)
     t2 = time.process_time()
+    import allocconf_widget
+
     print(json.dumps({"entries": len(entries), "decode": t1 - t0, "replay": t2 - t1,
-                      "peak": result.peak_reserved_bytes}))
+                      "peak": result.peak_reserved_bytes, "package": allocconf_widget.__file__}))
 
 
 def _measure(package_root: Path, shape: str, n: int, timeout: float) -> dict[str, float] | None:
@@ -62,6 +63,7 @@ def _measure(package_root: Path, shape: str, n: int, timeout: float) -> dict[str
     except (subprocess.TimeoutExpired, subprocess.CalledProcessError):
         return None
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert str(result.pop("package")).startswith(str(package_root)), "measured the wrong tree"
     return result
 
 

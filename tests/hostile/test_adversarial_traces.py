@@ -82,4 +82,5 @@ def test_replay_stays_linear_on_adversarial_valid_shapes(shape: str) -> None:
     large = _replay_cpu(shape, 100_000)
     assert large < 10, f"{large:.1f} s of CPU to replay a valid 100k-entry trace"
     assert large < 8 * max(small, 0.02), (
-        f"{shape}: 4× the entries cost {large / max(small, 1e-9):.1f}× the CPU ({small:.2f} s → {large:.2f} s)")
+        f"{shape}: 4× the entries cost {large / max(small, 1e-9):.1f}× the CPU "
+        f"({small:.2f} s → {large:.2f} s)")

@@ -165,6 +165,7 @@ class Engine:
         self.num_device_alloc = self.num_device_free = self.num_alloc_retries = 0
         self.num_ooms = self.num_oom_rejections = self.num_sync_all_streams = 0
         self.recorded_ooms = self.recorded_ooms_avoided = 0
+        self.first_avoided: int | None = None  # event index of the first recorded OOM that fits now
         self.rejected = False
         self.oom: PredictedOom | None = None
         self.seg_events: list[SegmentEvent] = []
@@ -282,6 +283,9 @@ class Engine:
             initial_reserved_bytes=trace.initial_reserved_bytes,
             initial_allocated_bytes=(
                 trace.initial_state.allocated_bytes if trace.initial_state is not None else 0),
+            program_catches_ooms=trace.program_catches_ooms(),
+            oom_fatal=self.oom is not None and not trace.program_catches_ooms(),
+            path_changes_at=self.first_avoided if trace.program_catches_ooms() else None,
         )
 
     # ---------------------------------------------------------------- hot loop
@@ -585,6 +589,8 @@ class Engine:
             blk = self.malloc_miss(fl, r, r, i, True)
         if blk is not None:
             self.recorded_ooms_avoided += 1
+            if self.first_avoided is None:
+                self.first_avoided = self.trace.op_index[i]
             self.to_cache(blk)
 
     # --------------------------------------------------------- address space

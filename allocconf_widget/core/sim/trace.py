@@ -192,6 +192,7 @@ class Trace:
         """Pickle without the cached lists (workers rebuild them from the arrays)."""
         state = dict(self.__dict__)
         state.pop("_columns", None)
+        state.pop("_timing", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -206,6 +207,22 @@ class Trace:
     def partial(self) -> bool:
         """True when the trace starts after allocations it later frees (ring buffer wrapped)."""
         return self.unknown_frees > 0
+
+    def program_catches_ooms(self) -> bool:
+        """The program survived an out-of-memory error: the trace allocates after an ``oom``
+        entry (a batch-size finder, a ``try/except OutOfMemoryError`` loop, a library that
+        retries with a smaller workspace). An OOM is then not the end of the run."""
+        cached: bool | None = self.__dict__.get("_catches_ooms")
+        if cached is None:
+            ops = self.ops
+            try:
+                first = ops.index(OP_OOM)
+            except ValueError:
+                cached = False
+            else:
+                cached = any(op == OP_ALLOC for op in ops[first + 1:])
+            object.__setattr__(self, "_catches_ooms", cached)
+        return cached
 
     @property
     def initial_reserved_bytes(self) -> int:
