@@ -21,6 +21,7 @@ Speed is a design goal (≥ 500k trace events/s per configuration in CPython):
 
 from __future__ import annotations
 
+import gc
 import itertools
 from bisect import bisect_left, insort
 from time import perf_counter
@@ -222,7 +223,22 @@ class Engine:
 
     # ------------------------------------------------------------------ driver
     def run(self, series_points: int = 1000) -> SimResult:
-        """Replay every operation; returns the prediction."""
+        """Replay every operation; returns the prediction.
+
+        Python's cyclic garbage collector is paused meanwhile: the replay makes and drops
+        blocks by the million, none of them in a reference cycle that outlives it, and each
+        full collection walks every live block (on a trace with many pools or segments that
+        was half the replay's time, growing with the trace).
+        """
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._run(series_points)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    def _run(self, series_points: int) -> SimResult:
         trace = self.trace
         n = len(self.cols[0])
         chunk = max(1, -(-n // max(series_points, 1)))
@@ -421,9 +437,11 @@ class Engine:
                 blk.key = k
                 if gc_on:
                     blk.gcb = fl.pool.clock
-                if exp_on and blk.ptr < fl.dirty:  # an idle run grew: the room search must look
-                    fl.dirty = blk.ptr
-                fresh_append(blk)
+                if exp_lookup:
+                    fresh_append(blk)  # a release may unmap its pages (blocks.candidates)
+                    fl.dirty = min(fl.dirty, blk.ptr)  # an idle run grew: the room search looks again
+                elif blk.prev is None and blk.next is None:
+                    fresh_append(blk)  # a whole segment now: a release or GC may free it
             elif op == 2:  # ---------------------------- free requested, events pending
                 blk = live[aid]
                 if blk is None or blk.pending:

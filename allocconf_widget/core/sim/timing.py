@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 from array import array
 from bisect import bisect_left
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from allocconf_widget.core.sim.trace import OP_ALLOC, OP_FREE, OP_FREE_COMPLETED, OP_FREE_REQUESTED
@@ -62,74 +63,83 @@ def _build(trace: Trace) -> TimingVariants:
     n = len(ops)
     requested: dict[int, int] = {}  # aid -> row of its free_requested
     pair: dict[int, int] = {}  # completion row -> request row
-    for row in range(n):
-        op = ops[row]
-        if op == OP_FREE_REQUESTED:
+    for row in _rows_with(ops, (OP_FREE_REQUESTED, OP_FREE_COMPLETED)):
+        if ops[row] == OP_FREE_REQUESTED:
             requested[aids[row]] = row
-        elif op == OP_FREE_COMPLETED:
+        else:
             start = requested.pop(aids[row], None)
             if start is not None:
                 pair[row] = start
     if not pair:
         return TimingVariants(trace, trace, 0)
-    early = _reordered(trace, _early_rows(ops, pair), early=True)
+    completions = sorted(pair)
+    early = _rebuild(trace, [(j, None) for j in completions], early=True)
     timed = any(times[j] != times[i] for j, i in pair.items())
-    if timed:
-        lag = max(times[j] - times[i] for j, i in pair.items())
-        running: list[int] = []
-        top = times[0]
-        for t in times:
-            top = max(top, t)
-            running.append(top)
-
-        def target(j: int, i: int) -> int:
-            return max(j, bisect_left(running, times[i] + lag))
-    else:  # no times: the longest delay in rows
-        lag = max(j - i for j, i in pair.items())
-
-        def target(j: int, i: int) -> int:
-            return max(j, min(i + lag, n))
-
-    next_alloc: dict[int, int] = {}  # completion row -> next alloc row of its address
-    seen: dict[int, int] = {}
-    for row in range(n - 1, -1, -1):
-        op = ops[row]
-        if op == OP_ALLOC:
-            seen[aids[row]] = row
-        elif row in pair:
-            next_alloc[row] = seen.get(aids[row], n)
-    moved: dict[int, list[int]] = {}
-    for j, i in pair.items():
-        moved.setdefault(min(target(j, i), next_alloc[j]), []).append(j)
-    order: list[int] = []
-    for row in range(n):
-        for j in moved.get(row, ()):
-            order.append(j)
-        if row not in pair:
-            order.append(row)
-    order.extend(moved.get(n, ()))
-    late = _reordered(trace, order, early=False)
+    lag = (max(times[j] - times[i] for j, i in pair.items()) if timed
+           else max(j - i for j, i in pair.items()))
+    running = list(accumulate(times, max)) if timed else []
+    watched = {aids[j] for j in completions}
+    allocs: dict[int, list[int]] = {}
+    for row in _rows_with(ops, (OP_ALLOC,)):
+        aid = aids[row]
+        if aid in watched:
+            allocs.setdefault(aid, []).append(row)
+    moves: list[tuple[int, int | None]] = []
+    for j in completions:
+        i = pair[j]
+        want = bisect_left(running, times[i] + lag) if timed else min(i + lag, n)
+        later = allocs.get(aids[j], ())
+        k = bisect_left(later, j)
+        cap = later[k] if k < len(later) else n
+        moves.append((j, min(max(j, want), cap)))
+    late = _rebuild(trace, moves, early=False)
     return TimingVariants(early, late, int(lag) if timed else 0)
 
 
-def _early_rows(ops: array[int], pair: dict[int, int]) -> list[int]:
-    """Rows of the early order: completions dropped (their requests become whole frees)."""
-    return [row for row in range(len(ops)) if row not in pair]
+def _rows_with(ops: array[int], codes: tuple[int, ...]) -> list[int]:
+    """Rows whose operation is one of ``codes``, found at C speed (``bytes.find``)."""
+    raw = ops.tobytes()
+    rows: list[int] = []
+    for code in codes:
+        needle = bytes((code,))
+        pos = raw.find(needle)
+        while pos >= 0:
+            rows.append(pos)
+            pos = raw.find(needle, pos + 1)
+    rows.sort()
+    return rows
 
 
-def _reordered(trace: Trace, order: list[int], *, early: bool) -> Trace:
-    """``trace`` with its operation rows in ``order``; ``early`` turns requests into frees."""
-    ops = array("b", (trace.ops[r] for r in order))
+def _rebuild(trace: Trace, moves: list[tuple[int, int | None]], *, early: bool) -> Trace:
+    """``trace`` with each row ``j`` of ``moves`` taken out and put back before row ``p``
+    (dropped where ``p`` is None); ``early`` also turns the remaining requests into frees.
+    Built from slices of the columns, so the cost is in the moved rows, not the trace."""
+    columns = (trace.ops, trace.addr_ids, trace.sizes, trace.lanes, trace.op_index, trace.op_time_us)
+    out = [array(c.typecode) for c in columns]
+    removed = {j for j, _ in moves}
+    inserts: dict[int, list[int]] = {}
+    for j, p in moves:
+        if p is not None:
+            inserts.setdefault(p, []).append(j)
+    cuts = sorted(removed | set(inserts))
+    pos = 0
+    for cut in cuts:
+        for col, src in zip(out, columns, strict=True):
+            col.extend(src[pos:cut])
+        for j in inserts.get(cut, ()):
+            for col, src in zip(out, columns, strict=True):
+                col.append(src[j])
+        pos = cut + 1 if cut in removed else cut
+    for col, src in zip(out, columns, strict=True):
+        col.extend(src[pos:])
+    for j in inserts.get(len(trace.ops), ()):
+        for col, src in zip(out, columns, strict=True):
+            col.append(src[j])
+    ops = out[0]
     if early:
-        for k, op in enumerate(ops):
-            if op == OP_FREE_REQUESTED:
-                ops[k] = OP_FREE
-    return dataclasses.replace(
-        trace,
-        ops=ops,
-        addr_ids=array("q", (trace.addr_ids[r] for r in order)),
-        sizes=array("q", (trace.sizes[r] for r in order)),
-        lanes=array("q", (trace.lanes[r] for r in order)),
-        op_index=array("q", (trace.op_index[r] for r in order)),
-        op_time_us=array("q", (trace.op_time_us[r] for r in order)),
-    )
+        ops = array("b", ops.tobytes().translate(_REQUEST_TO_FREE))
+    return dataclasses.replace(trace, ops=ops, addr_ids=out[1], sizes=out[2], lanes=out[3],
+                               op_index=out[4], op_time_us=out[5])
+
+
+_REQUEST_TO_FREE = bytes(OP_FREE if b == OP_FREE_REQUESTED else b for b in range(256))

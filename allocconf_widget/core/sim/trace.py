@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from allocconf_widget._errors import SnapshotError
+from allocconf_widget.core.gcpause import paused_gc
 from allocconf_widget.core.numbers import int_or_zero
 from allocconf_widget.core.sim.state import (
     INITIAL_SEGMENTS_KEY,
@@ -279,6 +280,12 @@ def extract_trace(
 ) -> Trace:
     """Decode ``snapshot["device_traces"][device]``; see :func:`_extract` (this adds the
     private pools the snapshot shows but the trace entries do not attribute)."""
+    with paused_gc():
+        return _extract_all(snapshot, device, initial_state)
+
+
+def _extract_all(snapshot: Mapping[str, Any], device: int | None,
+                 initial_state: AllocatorState | str) -> Trace:
     trace = _extract(snapshot, device, initial_state)
     attribution = _pool_attribution(snapshot, trace)
     if attribution is not None:
