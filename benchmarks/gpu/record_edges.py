@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from record import _spawn  # noqa: E402
+from record import _spawn
 
 GIB = 1 << 30
 CONFS = {
