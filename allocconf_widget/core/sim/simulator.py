@@ -191,6 +191,7 @@ def self_check(
         stop_at_oom=False,
         check=True,
         address_hints=recorded_addresses,
+        timing=False,  # the score is about the recorded order; no range needed
     )
     assert result.fidelity is not None
     return result.fidelity
@@ -221,6 +222,7 @@ def simulate_many(
     series_points: int = 1000,
     check: Sequence[bool] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    timing: Sequence[bool] | None = None,
 ) -> list[SimResult]:
     """Replay several configurations, in parallel processes when there are several.
 
@@ -230,7 +232,8 @@ def simulate_many(
     runs in this process. Results come back in input order. ``check`` holds a
     :func:`simulate` ``check`` flag per configuration (for the recorded one).
     ``progress(done, total)`` is called after each configuration finishes, so a
-    front end can show how far a slow comparison has got.
+    front end can show how far a slow comparison has got. ``timing`` holds a
+    :func:`simulate` ``timing`` flag per configuration (default: all on).
     """
     configs = list(settings_list)
     base: dict[str, Any] = {
@@ -242,7 +245,10 @@ def simulate_many(
     flags = list(check) if check is not None else [False] * len(configs)
     if len(flags) != len(configs):
         raise ValueError("check needs one flag per configuration")
-    per_config = [{**base, "check": flag} for flag in flags]
+    ranges = list(timing) if timing is not None else [True] * len(configs)
+    if len(ranges) != len(configs):
+        raise ValueError("timing needs one flag per configuration")
+    per_config = [{**base, "check": flag, "timing": t} for flag, t in zip(flags, ranges, strict=True)]
     if workers is None:
         workers = os.cpu_count() or 1
     workers = min(workers, len(configs))
