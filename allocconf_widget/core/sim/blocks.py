@@ -82,8 +82,8 @@ class Pool:
 class FreeList:
     """The cached blocks of one pool on one stream, plus its unmapped expandable ranges."""
 
-    __slots__ = ("blocks", "dirty", "keys", "pool", "room_max", "room_ptr", "stream", "unmapped",
-                 "unmapped_ptrs")
+    __slots__ = ("blocks", "dirty", "keys", "pool", "room_end", "room_ptrs", "room_totals", "stream",
+                 "unmapped", "unmapped_ptrs")
 
     def __init__(self, pool: Pool, stream: int) -> None:
         self.pool = pool
@@ -92,10 +92,12 @@ class FreeList:
         self.blocks: dict[int, Block] = {}
         self.unmapped: list[Block] = []  # address order
         self.unmapped_ptrs: list[int] = []
-        # the expandable room search's memory (expandable._find_room): where it stopped, the
-        # largest idle run it passed, and the lowest address freed or unmapped since
-        self.room_ptr = 0
-        self.room_max = 0
+        # the expandable room search's memory (expandable._find_room): the ranges whose idle
+        # run beat every earlier one, how far the search got, the lowest address freed or
+        # unmapped since
+        self.room_ptrs: list[int] = []
+        self.room_totals: list[int] = []
+        self.room_end = 0
         self.dirty = NO_CHANGE
 
 
