@@ -86,11 +86,18 @@ def main() -> None:
     args = parser.parse_args()
     wanted = set(args.workloads.split(",")) if args.workloads else None
     rows = []
+    caught_rows: list[dict] = []
+    range_rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         runs = _load_runs(args.data, Path(tmp))
         for workload, by_name in runs.items():
             if wanted is not None and workload not in wanted:
                 continue
+            if workload in CATCHERS:
+                caught_rows += _caught_rows(workload, by_name)
+                continue
+            if workload in TIMING:
+                range_rows += _range_rows(workload, by_name)
             base = by_name["default"]
             base_trace = extract_trace(load_snapshot(base["pickle"]))
             for name, meta in sorted(by_name.items()):
@@ -127,6 +134,97 @@ def main() -> None:
                     "events": own.num_events, "seconds": elapsed,
                 })
     _print(rows, args.markdown)
+    if caught_rows:
+        _print_caught(caught_rows, args.markdown)
+    if range_rows:
+        _print_ranges(range_rows, args.markdown)
+
+
+#: workloads that catch their own OOMs (recorded under fractions only): the 3 GiB default run's
+#: trace is replayed under every run's settings and fraction
+CATCHERS = {"batchfind": "default_f3g", "batchgrow": "default_f3g"}
+#: workloads whose frees wait on other streams (record_stream): the default run's trace gives a
+#: peak range per setting, to hold every real run of that setting (repeats included)
+TIMING = {"streams", "streams2", "streams2alone", "streams3"}
+
+
+def _caught_rows(workload: str, by_name: dict[str, dict]) -> list[dict]:
+    base_meta = by_name[CATCHERS[workload]]
+    trace = extract_trace(load_snapshot(base_meta["pickle"]))
+    out = []
+    for name, meta in sorted(by_name.items()):
+        total, non_pytorch = _capacity(meta)
+        pred = simulate(trace, _settings(meta), device_total=total, non_pytorch_bytes=non_pytorch)
+        real = int(meta["stats"]["reserved_bytes.all.peak"])
+        out.append({"workload": workload, "setting": name, "fraction": meta["fraction"],
+                    "real_peak": real, "real_ooms": int(meta["stats"]["num_ooms"]),
+                    "completed": meta["oom"] is None, "pred": pred,
+                    "err": (pred.peak_reserved_bytes - real) / real if real else 0.0})
+    return out
+
+
+def _print_caught(rows: list[dict], markdown: bool) -> None:
+    print("\nPrograms that catch their own OOMs (a batch-size finder under a memory fraction; the "
+          "3 GiB default run's trace replayed under each run's settings):\n")
+    head = ["workload", "run", "fraction", "real peak GiB", "real OOMs (caught)", "run completed",
+            "predicted GiB", "error", "predicted OOM", "oom_fatal", "replay"]
+    lines = []
+    for r in rows:
+        pred = r["pred"]
+        if pred.oom is None:
+            what = "follows the run"
+        elif pred.stopped_early:
+            what = f"stops at event {pred.oom.event_index:,}: the handler decides"
+        else:
+            what = "follows the run"
+        if pred.path_changes_at is not None:
+            what = f"path changes at event {pred.path_changes_at:,}"
+        lines.append([r["workload"], r["setting"], f"{r['fraction']:.4f}", f"{r['real_peak'] / GIB:.3f}",
+                      str(r["real_ooms"]), "yes" if r["completed"] else "no",
+                      f"{pred.peak_reserved_bytes / GIB:.3f}", f"{r['err'] * 100:+.2f}%",
+                      pred.oom_verdict(), str(pred.oom_fatal).lower(), what])
+    print_table(head, lines, markdown)
+    dead = [r for r in rows if r["completed"] and r["pred"].oom_fatal]
+    print(f"\ncompleted runs called dead (oom_fatal true): {len(dead)}/{sum(r['completed'] for r in rows)}")
+
+
+def _range_rows(workload: str, by_name: dict[str, dict]) -> list[dict]:
+    trace = extract_trace(load_snapshot(by_name["default"]["pickle"]))
+    out = []
+    for name, meta in sorted(by_name.items()):
+        if name == "frames":
+            continue
+        total, non_pytorch = _capacity(meta)
+        pred = simulate(trace, _settings(meta), device_total=total, non_pytorch_bytes=non_pytorch)
+        out.append({"workload": workload, "setting": name, "fraction": meta.get("fraction"),
+                    "real_peak": int(meta["stats"]["reserved_bytes.all.peak"]), "pred": pred,
+                    "real_oom": meta["oom"] is not None})
+    return out
+
+
+def _print_ranges(rows: list[dict], markdown: bool) -> None:
+    print("\nPeaks that depend on GPU timing (frees waiting on other streams): the default run's "
+          "trace replayed with those frees completing as early and as late as it allows:\n")
+    head = ["workload", "run", "fraction", "real peak GiB", "point GiB", "range GiB", "inside",
+            "high/low"]
+    lines = []
+    for r in rows:
+        pred = r["pred"]
+        low, high = pred.reserved_range
+        inside = low <= r["real_peak"] <= high
+        lines.append([r["workload"], r["setting"], f"{r['fraction']:.4f}" if r["fraction"] else "",
+                      f"{r['real_peak'] / GIB:.3f}", f"{pred.peak_reserved_bytes / GIB:.3f}",
+                      f"{low / GIB:.3f}–{high / GIB:.3f}", "yes" if inside else "NO",
+                      f"{high / low:.2f}" if low else ""])
+    print_table(head, lines, markdown)
+    # a run that ran out of memory stops its own peak at the limit: the range is about completed runs
+    done = [r for r in rows if not r["real_oom"] and r["pred"].oom is None]
+    inside = sum(r["pred"].reserved_range[0] <= r["real_peak"] <= r["pred"].reserved_range[1] for r in done)
+    widest = max((r["pred"].reserved_range[1] / r["pred"].reserved_range[0] for r in done
+                  if r["pred"].reserved_range[0]), default=1.0)
+    point = sum(r["pred"].peak_reserved_bytes == r["real_peak"] for r in done)
+    print(f"\nreal peaks inside their range: {inside}/{len(done)} runs without an OOM (the point "
+          f"prediction alone: {point}/{len(done)} exact); widest range high/low: {widest:.2f}")
 
 
 def _print(rows: list[dict], markdown: bool) -> None:

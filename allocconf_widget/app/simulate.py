@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from allocconf_widget._errors import AllocConfError, AllocConfWarning
+from allocconf_widget._errors import AllocConfError
 from allocconf_widget.core.versions import TorchVersion, installed_torch_version, simulated_release
 
 if TYPE_CHECKING:
@@ -371,7 +370,7 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
     if request.rank:
         return _ranked(head, trace, request, recorded, version, notes,
                        device_total=device_total, non_pytorch=non_pytorch, fraction=fraction)
-    confs = _checked_confs(request.confs, version, notes)
+    confs = _checked_confs(request.confs, version, notes, fraction)
     others = []
     for conf in confs:
         s = SimSettings.from_string(conf, version)
@@ -397,7 +396,7 @@ def _ranked(head: SimulationReport, trace: Trace, request: SimulationRequest, re
     """The candidate grid replayed and ranked against the kernel's settings (or the recording's)."""
     from allocconf_widget.core.sim.recommend import recommend
 
-    extra = _checked_confs(request.confs, version, notes)
+    extra = _checked_confs(request.confs, version, notes, fraction)
     options: dict[str, Any] = {"device_total": device_total, "non_pytorch_bytes": non_pytorch,
                                "fraction": fraction, "extra_confs": extra, "workers": request.workers,
                                "progress": request.progress, "offer_release": request.release_offered}
@@ -447,18 +446,19 @@ def _row_label(conf: str, is_current: bool, kind: str) -> str:
     return label + " [recorded]" if kind == "recorded" else label
 
 
-def _checked_confs(confs: tuple[str, ...], version: TorchVersion, notes: list[str]) -> list[str]:
-    """Validate each requested configuration for ``version``; its warnings become notes."""
+def _checked_confs(confs: tuple[str, ...], version: TorchVersion, notes: list[str],
+                   fraction: float | None) -> list[str]:
+    """Validate each requested configuration for ``version``; its traps become notes (not the
+    "GC does nothing without a memory fraction" one when the replay has a fraction)."""
     from allocconf_widget.core.config.conf import parse_conf
 
     out = []
     for conf in confs:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", AllocConfWarning)
-            try:
-                parse_conf(conf, torch_version=version)
-            except AllocConfError as exc:
-                raise AllocConfError(f"{conf!r}: {exc}") from None
-        notes.extend(f"{conf!r}: {w.message}" for w in caught)
+        try:
+            parsed = parse_conf(conf, torch_version=version, warn=False)
+        except AllocConfError as exc:
+            raise AllocConfError(f"{conf!r}: {exc}") from None
+        notes.extend(f"{conf!r}: {w.message}" for w in parsed.warnings
+                     if not (fraction is not None and w.code == "gc-without-fraction"))
         out.append(conf)
     return out

@@ -356,3 +356,141 @@ def gpt2_ec(device: torch.device, log_step: StepLogger, cycles: int = 2) -> None
 
 
 WORKLOADS["gpt2_ec"] = gpt2_ec
+
+
+# ------------------------------------------------------------------ edges of the what-if (issue 23)
+# A program that catches its own OOMs (a batch-size finder under a memory fraction), a two-stream
+# hand-over whose pending frees depend on how far the GPU lags the CPU, and a bf16 CNN for the
+# garbage-collection reclaim order under a fraction.
+
+
+def _finder_model(device: torch.device) -> nn.Module:
+    def block(cin: int, cout: int) -> nn.Module:
+        return nn.Sequential(
+            nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
+            nn.Conv2d(cout, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+        )
+
+    return nn.Sequential(block(3, 64), block(64, 128), block(128, 256), block(256, 384),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(384, 1000)).to(device)
+
+
+def _finder_steps(model: nn.Module, opt: torch.optim.Optimizer, device: torch.device, batch: int,
+                  steps: int, log_step: StepLogger, first: int) -> None:
+    for step in range(steps):
+        log_step(first + step)
+        x = torch.randn(batch, 3, 128, 128, device=device)
+        y = torch.randint(0, 1000, (batch,), device=device)
+        opt.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        del x, y, loss
+    torch.cuda.synchronize()
+
+
+def batchfind(device: torch.device, log_step: StepLogger, start: int = 512) -> None:
+    """accelerate's ``find_executable_batch_size``: try a batch, on ``OutOfMemoryError`` run
+    ``gc.collect(); empty_cache()`` and halve it; then train at the batch that fits. Run under a
+    memory fraction, the program catches its OOMs and completes."""
+    import gc
+
+    _set_determinism()
+    model = _finder_model(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    batch, first = start, 0
+    while batch > 0:
+        try:
+            _finder_steps(model, opt, device, batch, 3, log_step, first)
+            break
+        except torch.OutOfMemoryError:
+            opt.zero_grad(set_to_none=True)
+            gc.collect()
+            torch.cuda.empty_cache()
+            batch //= 2
+            first += 100
+    _finder_steps(model, opt, device, batch, 6, log_step, 1000)
+
+
+def batchgrow(device: torch.device, log_step: StepLogger, start: int = 8) -> None:
+    """Lightning's batch-size finder in "power" mode, written out: double the batch until an
+    ``OutOfMemoryError`` (caught; ``gc.collect(); empty_cache()``), then train at the last batch
+    that fitted. No ``empty_cache`` between the trials that succeed."""
+    import gc
+
+    _set_determinism()
+    model = _finder_model(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    batch, good, first = start, 0, 0
+    while batch <= 4096:
+        try:
+            _finder_steps(model, opt, device, batch, 2, log_step, first)
+        except torch.OutOfMemoryError:
+            opt.zero_grad(set_to_none=True)
+            gc.collect()
+            torch.cuda.empty_cache()
+            break
+        good, batch, first = batch, batch * 2, first + 100
+    _finder_steps(model, opt, device, max(good, 1), 6, log_step, 10_000)
+
+
+def streams3(device: torch.device, log_step: StepLogger, steps: int = 48) -> None:
+    """Two streams, timing-dependent: a side stream makes 32–128 MiB inputs, the default stream
+    runs long matmuls on them (``record_stream``, then ``del``), the CPU runs ahead of the GPU and
+    waits only at a loss ``.item()`` every 6 steps. When each pending free completes depends on
+    how far the GPU lags, so identical runs peak differently."""
+    _set_determinism()
+    rng = random.Random(11)
+    side = torch.cuda.Stream(device)
+    main = torch.cuda.current_stream(device)
+    weight = torch.randn(4096, 4096, device=device)
+    total = None
+    for step in range(steps):
+        log_step(step)
+        with torch.cuda.stream(side):
+            parts = [torch.randn(rng.choice([2048, 4096, 8192]), 4096, device=device)
+                     for _ in range(rng.choice([2, 3]))]
+        main.wait_stream(side)
+        outs = []
+        for p in parts:
+            p.record_stream(main)
+            outs.append(torch.relu(p @ weight) @ weight)
+        del parts
+        s = torch.stack([o.float().mean() for o in outs]).sum()
+        total = s if total is None else total + s
+        del outs, s
+        if step % 6 == 5:
+            total.item()
+            total = None
+    torch.cuda.synchronize()
+
+
+def cnn_bf16(device: torch.device, log_step: StepLogger, steps: int = 30) -> None:
+    """The ``cnn`` workload as Lightning's ``precision="bf16-mixed"`` runs it: autocast to bf16,
+    fp32 weights, batches of varying size and resolution."""
+    _set_determinism()
+    rng = random.Random(12)
+    model = _finder_model(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(steps):
+        log_step(step)
+        batch = rng.choice([16, 32, 48, 64])
+        res = rng.choice([96, 128, 160, 192])
+        x = torch.randn(batch, 3, res, res, device=device)
+        y = torch.randint(0, 1000, (batch,), device=device)
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        del x, y, loss
+    torch.cuda.synchronize()
+
+
+WORKLOADS.update({
+    "batchfind": batchfind,
+    "batchgrow": batchgrow,
+    "streams3": streams3,
+    "cnn_bf16": cnn_bf16,
+})

@@ -52,3 +52,37 @@ def test_pool_attribution_stays_linear(build: Any) -> None:
     seconds = time.process_time() - started
     assert trace.num_events > 0
     assert seconds < 15, f"{seconds:.1f} s of CPU to decode a valid trace"
+
+
+# ---------------------------------------------------------------- the replay itself (issue 22.6)
+def _replay_cpu(shape: str, n: int) -> float:
+    from allocconf_widget.core.sim.settings import SimSettings
+    from allocconf_widget.core.sim.simulator import simulate
+    from tests.hostile.replay_shapes import SHAPES
+
+    build, conf = SHAPES[shape]
+    trace = extract_trace({"device_traces": [build(n)], "segments": []})
+    settings = SimSettings.from_string(conf, (2, 11))
+    simulate(trace, settings)  # warm: rounding caches, first-time imports
+    best = float("inf")
+    for _ in range(2):  # the better of two: a shared machine's hiccups are not the replay's
+        started = time.process_time()
+        result = simulate(trace, settings)
+        best = min(best, time.process_time() - started)
+        assert result.oom is None and result.events == trace.num_events
+    return best
+
+
+@pytest.mark.parametrize("shape", ["freed_segments", "expandable_holes", "many_streams", "many_pools"])
+def test_replay_stays_linear_on_adversarial_valid_shapes(shape: str) -> None:
+    """Four times the events cost about four times the CPU, not sixteen: many segments
+    created and released (the driver address model), holes in expandable segments (the room
+    search), a new stream or private pool per cycle with an ``empty_cache()`` each (the
+    release walk). Before the fix the 100k-entry replays took 4–30 s and grew quadratically;
+    the bound is the ratio, with room for a busy machine, and a ceiling far above linear."""
+    small = _replay_cpu(shape, 25_000)
+    large = _replay_cpu(shape, 100_000)
+    assert large < 10, f"{large:.1f} s of CPU to replay a valid 100k-entry trace"
+    assert large < 8 * max(small, 0.05), (
+        f"{shape}: 4× the entries cost {large / max(small, 1e-9):.1f}× the CPU "
+        f"({small:.2f} s → {large:.2f} s)")

@@ -86,3 +86,63 @@ def test_a_segment_made_after_cudafree_reuses_the_range_and_wins_ties_accordingl
     assert m_addr < r_addr <= a_addr  # in the range A and M's leftover left, above M
     assert events[4] == (SEG_FREE, r_addr)  # M was taken, R stayed cached
     assert len(events) == 5
+
+
+class _ListSpace:
+    """The driver model as it was before the free-range index: a sorted list scanned per
+    segment (quadratic on traces that free many segments, but plainly right)."""
+
+    def __init__(self, top: int) -> None:
+        self.low = top
+        self.ranges: dict[int, int] = {}
+
+    def allocate(self, size: int) -> int:
+        from allocconf_widget.core.sim.engine import VA_ALIGN, VA_TOP_DOWN_FROM
+
+        starts = sorted(self.ranges)
+        order = starts if size < VA_TOP_DOWN_FROM else list(reversed(starts))
+        for start in order:
+            end = start + self.ranges[start]
+            addr = start if size < VA_TOP_DOWN_FROM else (end - size) // VA_ALIGN * VA_ALIGN
+            if addr >= start and addr + size <= end:
+                del self.ranges[start]
+                if start < addr:
+                    self.ranges[start] = addr - start
+                if addr + size < end:
+                    self.ranges[addr + size] = end - addr - size
+                return addr
+        addr = (self.low - size) // VA_ALIGN * VA_ALIGN
+        if addr + size < self.low:
+            self.release(addr + size, self.low - addr - size)
+        self.low = addr
+        return addr
+
+    def release(self, addr: int, size: int) -> None:
+        end = addr + size
+        if end in self.ranges:
+            end += self.ranges.pop(end)
+        below = next((s for s, n in self.ranges.items() if s + n == addr), None)
+        if below is not None:
+            addr = below
+        self.ranges[addr] = end - addr
+
+
+def test_the_indexed_driver_model_places_every_segment_where_the_plain_scan_did() -> None:
+    """Random segment sizes (2 MiB to 300 MiB, both sides of the 80 MiB rule) created and
+    released in random order: every address equals the one the plain list scan gives."""
+    import random
+
+    rng = random.Random(7)
+    fast, plain = AddressSpace(TOP), _ListSpace(TOP)
+    live: list[tuple[int, int]] = []
+    for _ in range(3000):
+        if live and rng.random() < 0.45:
+            addr, size = live.pop(rng.randrange(len(live)))
+            fast.release(addr, size)
+            plain.release(addr, size)
+        else:
+            size = rng.choice([2, 2, 20, 22, 30, 42, 64, 78, 80, 100, 144, 300]) * MiB
+            addr = fast.allocate(size)
+            assert addr == plain.allocate(size)
+            live.append((addr, size))
+        assert sorted(fast.lengths.items()) == sorted(plain.ranges.items())

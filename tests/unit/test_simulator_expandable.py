@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from tests.trace_builder import TraceBuilder
 from tests.unit.test_simulator import KiB, MiB, cached, engine, run, segs, settings
 
@@ -147,3 +151,56 @@ def test_private_pools_use_expandable_segments_from_2_11() -> None:
     assert segs(run(b, settings(**ES, torch_version=(2, 12)))) == [("segment_map", 20 * MiB)]
     assert segs(run(b, settings(**ES, torch_version=(2, 11)))) == [("segment_map", 20 * MiB)]
     assert segs(run(b, settings(**ES, torch_version=(2, 10)))) == [("segment_alloc", 20 * MiB)]
+
+
+def test_the_room_search_answers_as_torchs_walk_on_holes_and_random_traces(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The room search resumes from its records (issue 22.6); with CHECK_ROOM_SEARCH every
+    search is also answered by torch's plain walk over every unmapped range, and they must
+    agree: on the expandable-holes shape and on random traces with frees, releases and a
+    second stream."""
+    import random
+
+    from allocconf_widget.core.sim import expandable
+    from allocconf_widget.core.sim.simulator import SimSettings, decode_entries, simulate
+    from tests.hostile.replay_shapes import expandable_holes
+
+    monkeypatch.setattr(expandable, "CHECK_ROOM_SEARCH", True)
+    on = SimSettings.from_string("expandable_segments:True", "2.11")
+    simulate(decode_entries(expandable_holes(6000)), on)
+    for seed in range(6):
+        rng = random.Random(seed)
+        b = TraceBuilder()
+        live: list[tuple[int, int]] = []
+        for step in range(1500):
+            if live and rng.random() < 0.45:
+                addr, stream = live.pop(rng.randrange(len(live)))
+                b.free(addr, stream)
+            elif step % 97 == 96:
+                b.segment("segment_unmap", 0x7000_0000_0000 + step * MiB, 20 * MiB)  # empty_cache()
+            else:
+                stream = rng.choice((0, 0, 7))
+                size = rng.choice((1, 3, 12, 19, 21, 40, 64)) * MiB + rng.randrange(0, MiB, 512)
+                live.append((b.alloc(size, stream), stream))
+        simulate(b.build(), on)
+
+
+def test_the_room_search_answers_as_torchs_walk_on_recorded_runs(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The H200 CNN recordings replayed under expandable segments (with and without
+    max_split_size_mb, from the start and from a start state cut mid-run), every room search
+    checked against torch's walk. A search that stopped at a run once recorded that run's
+    partial sum as its size, so a larger request later skipped a run that could hold it."""
+    import tarfile
+
+    from allocconf_widget.core.memory.snapshot import load_snapshot
+    from allocconf_widget.core.sim import expandable
+    from allocconf_widget.core.sim.simulator import SimSettings, extract_trace, simulate
+
+    monkeypatch.setattr(expandable, "CHECK_ROOM_SEARCH", True)
+    with tarfile.open(Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "cnn.tar.xz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    for name in ("default", "expandable_split128"):
+        trace = extract_trace(load_snapshot(tmp_path / f"cnn__{name}.pickle"))
+        for conf in ("expandable_segments:True", "expandable_segments:True,max_split_size_mb:128"):
+            simulate(trace, SimSettings.from_string(conf, (2, 11)), device_total=150 * 10**9)

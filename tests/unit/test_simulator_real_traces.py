@@ -142,6 +142,11 @@ def check_recorded_run(path: Path) -> None:
         stats = meta.get("stats") or {}
         measured = {key: stats[key] for key in STATS if key in stats}
         predicted = {key: getattr(result, attr) for key, attr in STATS.items() if key in stats}
+        if trace.program_catches_ooms() and "num_sync_all_streams" in measured:
+            # a handler's empty_cache() right after the OOM path released everything writes no
+            # entry (nothing left to release), yet synchronises: the trace cannot count it
+            synced = measured.pop("num_sync_all_streams")
+            assert predicted.pop("num_sync_all_streams") <= synced, where
         assert predicted == measured, f"{where}: memory_stats() differ"
         if "peak_reserved_in_window" in meta:  # reset_peak_memory_stats() when recording began
             assert result.peak_reserved_bytes == meta["peak_reserved_in_window"], where
@@ -189,7 +194,11 @@ def test_what_if_replays_predict_the_measured_runs(
     from allocconf_widget.core.sim.simulator import simulate_many
 
     root = _extract(archive, tmp_path_factory)
-    (base,) = root.rglob("*__default.pickle")
+    bases = list(root.rglob("*__default.pickle"))
+    if not bases:
+        pytest.skip(f"{archive.name} has no run under torch's defaults without a fraction (its "
+                    "workloads are checked by benchmarks/fidelity.py's own sections)")
+    (base,) = bases
     meta = _sidecar(base)
     trace = extract_trace(load_snapshot(base))
     targets = [

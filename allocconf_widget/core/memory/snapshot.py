@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any, TypedDict, cast
 
 from allocconf_widget._errors import SnapshotError, printable
+from allocconf_widget.core.gcpause import paused_gc
 from allocconf_widget.core.memory.snapshot_fields import check_fields, short_repr
 from allocconf_widget.core.units import format_bytes
 from allocconf_widget.core.untrusted import (
@@ -317,11 +318,12 @@ def load_snapshot(source: str | os.PathLike[str] | bytes | IO[bytes]) -> Snapsho
         data = gunzip_bounded(data, what, limits.max_bytes)
         if not data:
             raise SnapshotError(f"the gzip-compressed {what} contains nothing (0 bytes)")
-    obj = _unpickle(data, what)
-    del data
-    check_structure(obj, what, limits)
-    snapshot = _as_snapshot(obj)
-    check_fields(snapshot)
+    with paused_gc():  # millions of plain dicts, no cycles (core/gcpause.py)
+        obj = _unpickle(data, what)
+        del data
+        check_structure(obj, what, limits)
+        snapshot = _as_snapshot(obj)
+        check_fields(snapshot)
     return snapshot
 
 

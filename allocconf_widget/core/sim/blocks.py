@@ -12,6 +12,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 
 KEY_SHIFT = 64
+NO_CHANGE = 1 << 62  # FreeList.dirty when nothing was freed or unmapped since the last search
 
 
 class ExpSegment:
@@ -64,7 +65,7 @@ class Block:
 class Pool:
     """torch's ``BlockPool``: one per (private pool id, small/large), across streams."""
 
-    __slots__ = ("clock", "default", "expandable", "lists", "pool_id", "small")
+    __slots__ = ("cands", "clock", "default", "expandable", "lists", "pool_id", "small")
 
     def __init__(self, small: bool, default: bool, expandable: bool,
                  pool_id: tuple[int, int] = (0, 0)) -> None:
@@ -74,12 +75,15 @@ class Pool:
         self.pool_id = pool_id
         self.clock = 0  # get_free_blocks_call_count
         self.lists: list[FreeList] = []  # sorted by raw stream, like torch's set order
+        #: cached blocks a release or GC may act on (see reclaim.candidates), by id()
+        self.cands: dict[int, Block] = {}
 
 
 class FreeList:
     """The cached blocks of one pool on one stream, plus its unmapped expandable ranges."""
 
-    __slots__ = ("blocks", "keys", "pool", "stream", "unmapped", "unmapped_ptrs")
+    __slots__ = ("blocks", "dirty", "keys", "pool", "room_end", "room_ptrs", "room_totals", "stream",
+                 "unmapped", "unmapped_ptrs")
 
     def __init__(self, pool: Pool, stream: int) -> None:
         self.pool = pool
@@ -88,6 +92,13 @@ class FreeList:
         self.blocks: dict[int, Block] = {}
         self.unmapped: list[Block] = []  # address order
         self.unmapped_ptrs: list[int] = []
+        # the expandable room search's memory (expandable._find_room): the ranges whose idle
+        # run beat every earlier one, how far the search got, the lowest address freed or
+        # unmapped since
+        self.room_ptrs: list[int] = []
+        self.room_totals: list[int] = []
+        self.room_end = 0
+        self.dirty = NO_CHANGE
 
 
 def insert_free(b: Block) -> None:
@@ -98,6 +109,23 @@ def insert_free(b: Block) -> None:
     fl.blocks[k] = b
     b.key = k
     b.gcb = fl.pool.clock
+    if releasable(b):
+        fl.pool.cands[id(b)] = b
+
+
+def releasable(b: Block) -> bool:
+    """Whether a cached block is one a release or GC acts on: a whole segment (classic, or an
+    expandable reservation mapped end to end), or expandable memory holding a whole page.
+    A cached block only stops being one by being split or taken; it becomes one only by
+    being freed or merged, which puts it into its free list again."""
+    if b.prev is None and b.next is None:
+        return True
+    seg = b.seg
+    if seg is None:
+        return False
+    page = seg.page
+    off = b.ptr - seg.base
+    return -(-off // page) * page < (off + b.size) // page * page
 
 
 def remove_free(b: Block) -> None:
@@ -108,6 +136,32 @@ def remove_free(b: Block) -> None:
     del fl.blocks[b.key]
 
 
-def pool_blocks(pool: Pool) -> list[Block]:
-    """Cached blocks of a pool in torch's set order: stream, size, tie-break."""
-    return [fl.blocks[k] for fl in pool.lists for k in fl.keys]
+def drain(fresh: list[Block]) -> None:
+    """Note the blocks the replay's hot loop cached (``fresh``) in their pools' candidates."""
+    for b in fresh:
+        if not b.busy and b.fl.blocks.get(b.key) is b and releasable(b):
+            b.fl.pool.cands[id(b)] = b
+    fresh.clear()
+
+
+def candidates(pool: Pool) -> list[Block]:
+    """The pool's cached blocks a release or GC may act on, in torch's set order.
+
+    torch walks every cached block of the pool; the blocks this skips are ones the walk
+    leaves alone (parts of a segment, expandable pieces without a whole page). Walking all
+    of them per ``empty_cache()`` made a trace with many cached pieces, streams or pools
+    replay in quadratic time (issue 22); this costs the candidates only.
+    """
+    cands = pool.cands
+    out = []
+    for key, b in list(cands.items()):
+        if not b.busy and b.mapped and b.fl.blocks.get(b.key) is b and releasable(b):
+            out.append(b)
+        else:
+            del cands[key]
+    out.sort(key=_set_order)
+    return out
+
+
+def _set_order(b: Block) -> tuple[int, int]:
+    return b.fl.stream, b.key

@@ -21,8 +21,9 @@ Speed is a design goal (≥ 500k trace events/s per configuration in CPython):
 
 from __future__ import annotations
 
+import gc
 import itertools
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, insort
 from time import perf_counter
 from typing import TYPE_CHECKING
 
@@ -34,10 +35,12 @@ from allocconf_widget.core.sim.blocks import (
     ExpSegment,
     FreeList,
     Pool,
+    drain,
     insert_free,
     remove_free,
 )
 from allocconf_widget.core.sim.limits import FRACTION_SCALE
+from allocconf_widget.core.sim.ranges import FreeRanges
 from allocconf_widget.core.sim.result import PredictedOom, SegmentEvent, SimResult, SimSeries
 from allocconf_widget.core.sim.settings import (
     ROUND_LARGE,
@@ -83,31 +86,42 @@ class AddressSpace:
       a free range (top-down first fit);
     * ``cudaFree`` gives the range back, merged with free neighbours.
 
-    Free ranges are a sorted list of starts plus a dict of lengths; segment creation
-    is rare, so the linear scans never show in the replay speed.
+    Free ranges live in a :class:`~.ranges.FreeRanges` treap, so each placement and
+    release costs time logarithmic in the free ranges: a trace that creates and frees
+    many segments replays in linear time (scanning a list of free ranges per new segment
+    made it quadratic, docs/simulator.md "Speed").
     """
 
-    __slots__ = ("lengths", "low", "starts")
+    __slots__ = ("free", "low")
 
     def __init__(self, top: int = _SPACE_TOP) -> None:
         self.low = top  # lowest address handed out so far
-        self.starts: list[int] = []  # free ranges, by address
-        self.lengths: dict[int, int] = {}
+        self.free = FreeRanges(VA_ALIGN)
+
+    @property
+    def lengths(self) -> dict[int, int]:
+        """Free ranges: start -> length."""
+        return self.free.lengths
+
+    @property
+    def starts(self) -> list[int]:
+        """Starts of the free ranges, by address."""
+        return sorted(self.free.lengths)
 
     def allocate(self, size: int) -> int:
         """Address of a new ``size``-byte segment (a multiple of 2 MiB)."""
-        starts, lengths = self.starts, self.lengths
+        free = self.free
         if size < VA_TOP_DOWN_FROM:
-            for start in starts:
-                if lengths[start] >= size:
-                    self._take(start, size)
-                    return start
+            start = free.lowest_fit(size)
+            if start is not None:
+                free.take(start, start, size)
+                return start
         else:
-            for start in reversed(starts):
-                addr = (start + lengths[start] - size) // VA_ALIGN * VA_ALIGN
-                if addr >= start:  # the highest range that fits holds the highest start
-                    self._take(addr, size)
-                    return addr
+            start = free.highest_aligned_fit(size)
+            if start is not None:  # the highest range that fits holds the highest start
+                addr = (start + free.lengths[start] - size) // VA_ALIGN * VA_ALIGN
+                free.take(start, addr, size)
+                return addr
         addr = (self.low - size) // VA_ALIGN * VA_ALIGN
         if addr + size < self.low:
             self.release(addr + size, self.low - addr - size)
@@ -116,33 +130,7 @@ class AddressSpace:
 
     def release(self, addr: int, size: int) -> None:
         """Return ``[addr, addr + size)`` to the free ranges."""
-        starts, lengths = self.starts, self.lengths
-        pos = bisect_left(starts, addr)
-        end = addr + size
-        if pos < len(starts) and starts[pos] == end:  # merge the free range above
-            end += lengths.pop(end)
-            del starts[pos]
-        if pos > 0:
-            below = starts[pos - 1]
-            if below + lengths[below] == addr:  # merge the free range below
-                lengths[below] = end - below
-                return
-        starts.insert(pos, addr)
-        lengths[addr] = end - addr
-
-    def _take(self, addr: int, size: int) -> None:
-        """Remove ``[addr, addr + size)`` from the free range that contains it."""
-        starts, lengths = self.starts, self.lengths
-        pos = bisect_right(starts, addr) - 1
-        start = starts[pos]
-        end = start + lengths.pop(start)
-        del starts[pos]
-        if addr + size < end:
-            starts.insert(pos, addr + size)
-            lengths[addr + size] = end - addr - size
-        if start < addr:
-            starts.insert(pos, start)
-            lengths[start] = addr - start
+        self.free.release(addr, size)
 
 
 class Engine:
@@ -167,6 +155,7 @@ class Engine:
         self.cols = trace.replay_columns()
         self.live: list[Block | None] = [None] * trace.num_addresses
         self.pending: dict[int, Block] = {}
+        self.fresh: list[Block] = []  # blocks the hot loop cached since the last drain (blocks.drain)
         self.rcache: dict[int, int] = {}
         self.counter = itertools.count()
         self._build_pools(trace, rules)
@@ -177,6 +166,7 @@ class Engine:
         self.num_device_alloc = self.num_device_free = self.num_alloc_retries = 0
         self.num_ooms = self.num_oom_rejections = self.num_sync_all_streams = 0
         self.recorded_ooms = self.recorded_ooms_avoided = 0
+        self.first_avoided: int | None = None  # event index of the first recorded OOM that fits now
         self.rejected = False
         self.oom: PredictedOom | None = None
         self.seg_events: list[SegmentEvent] = []
@@ -233,7 +223,22 @@ class Engine:
 
     # ------------------------------------------------------------------ driver
     def run(self, series_points: int = 1000) -> SimResult:
-        """Replay every operation; returns the prediction."""
+        """Replay every operation; returns the prediction.
+
+        Python's cyclic garbage collector is paused meanwhile: the replay makes and drops
+        blocks by the million, none of them in a reference cycle that outlives it, and each
+        full collection walks every live block (on a trace with many pools or segments that
+        was half the replay's time, growing with the trace).
+        """
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._run(series_points)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    def _run(self, series_points: int) -> SimResult:
         trace = self.trace
         n = len(self.cols[0])
         chunk = max(1, -(-n // max(series_points, 1)))
@@ -248,6 +253,8 @@ class Engine:
             self.chunk_max_reserved = self.reserved
             self.chunk_max_alloc = self.allocated
             done = self.run_ops(a, min(a + chunk, n))
+            if len(self.fresh) > 65536:
+                drain(self.fresh)
             last = self.stop_op if self.stop_op is not None else min(a + chunk, n) - 1
             s_idx.append(index[last])
             s_time.append(times[last])
@@ -292,6 +299,9 @@ class Engine:
             initial_reserved_bytes=trace.initial_reserved_bytes,
             initial_allocated_bytes=(
                 trace.initial_state.allocated_bytes if trace.initial_state is not None else 0),
+            program_catches_ooms=trace.program_catches_ooms(),
+            oom_fatal=self.oom is not None and not trace.program_catches_ooms(),
+            path_changes_at=self.first_avoided if trace.program_catches_ooms() else None,
         )
 
     # ---------------------------------------------------------------- hot loop
@@ -313,6 +323,7 @@ class Engine:
         exp_lookup = exp_on or self.skip_expandable
         take_exp = xp.take_free_expandable if exp_on else xp.take_free_skipping_expandable
         next_ctr = self.counter.__next__
+        fresh_append = self.fresh.append
         new_block = Block
         allocated, active, requested = self.allocated, self.active, self.requested
         cmax, amax = self.chunk_max_alloc, self.peak_active
@@ -426,6 +437,11 @@ class Engine:
                 blk.key = k
                 if gc_on:
                     blk.gcb = fl.pool.clock
+                if exp_lookup:
+                    fresh_append(blk)  # a release may unmap its pages (blocks.candidates)
+                    fl.dirty = min(fl.dirty, blk.ptr)  # an idle run grew: the room search looks again
+                elif blk.prev is None and blk.next is None:
+                    fresh_append(blk)  # a whole segment now: a release or GC may free it
             elif op == 2:  # ---------------------------- free requested, events pending
                 blk = live[aid]
                 if blk is None or blk.pending:
@@ -495,6 +511,8 @@ class Engine:
                     nb.next.prev = blk
             blk.size += nb.size
         insert_free(blk)
+        fl = blk.fl
+        fl.dirty = min(fl.dirty, blk.ptr)  # an idle run grew: the expandable room search looks again
 
     def take_free(self, fl: FreeList, r: int) -> Block | None:
         """``get_free_block`` outside the hot loop (recorded OOM replay)."""
@@ -589,6 +607,8 @@ class Engine:
             blk = self.malloc_miss(fl, r, r, i, True)
         if blk is not None:
             self.recorded_ooms_avoided += 1
+            if self.first_avoided is None:
+                self.first_avoided = self.trace.op_index[i]
             self.to_cache(blk)
 
     # --------------------------------------------------------- address space

@@ -15,10 +15,10 @@ turns expandable segments on.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from typing import TYPE_CHECKING
 
-from allocconf_widget.core.sim.blocks import Block, ExpSegment, insert_free, remove_free
+from allocconf_widget.core.sim.blocks import NO_CHANGE, Block, ExpSegment, insert_free, remove_free
 from allocconf_widget.core.sim.settings import SMALL_BUFFER
 from allocconf_widget.core.sim.trace import SEG_MAP, SEG_UNMAP
 
@@ -82,6 +82,7 @@ def _unmapped_insert(fl: FreeList, b: Block) -> None:
     pos = bisect_left(fl.unmapped_ptrs, b.ptr)
     fl.unmapped_ptrs.insert(pos, b.ptr)
     fl.unmapped.insert(pos, b)
+    fl.dirty = min(fl.dirty, b.ptr)  # a new candidate for the room search (see _find_room)
 
 
 def _unmapped_remove(fl: FreeList, b: Block) -> None:
@@ -112,8 +113,93 @@ def _try_merge(eng: EngineCore, dst: Block, src: Block | None) -> None:
     dst.size += src.size
 
 
+#: set by tests: check every room search against torch's plain walk
+CHECK_ROOM_SEARCH = False
+
+
 def _find_room(eng: EngineCore, fl: FreeList, r: int) -> Block:
-    """``find_expandable_block``: lowest-address idle run (free + unmapped) of ≥ r bytes."""
+    """``find_expandable_block``: lowest-address idle run (free + unmapped) of ≥ r bytes.
+
+    torch walks every unmapped range from the lowest; so did this replay, which made a
+    trace with many released holes quadratic (issue 22). The walk from an unmapped range
+    sums the idle run it starts (the free block before it included); the answer is the first
+    range whose sum reaches ``r``. The free list keeps the walk's *records* (each range whose
+    sum beat every earlier one: ``room_ptrs``/``room_totals``, up to ``room_end``): the first
+    range that can reach ``r`` is at or after the first record that reached ``r``, or after
+    ``room_end`` if none did. Sums only shrink by allocation; they grow only when a block is
+    freed or pages are unmapped, which lower ``fl.dirty`` to their address, and the records
+    from the first range of the idle run holding that address on are dropped
+    (:func:`_forget_from`). So the search resumes where the records say, with the answer of
+    the full walk.
+    """
+    if fl.dirty != NO_CHANGE:
+        _forget_from(fl, fl.dirty)
+        fl.dirty = NO_CHANGE
+    ptrs, totals = fl.room_ptrs, fl.room_totals
+    k = bisect_left(totals, r)
+    if k < len(totals):
+        start = ptrs[k]
+        del ptrs[k:], totals[k:]
+    else:
+        start = fl.room_end
+    best = totals[-1] if totals else 0
+    unmapped = fl.unmapped
+    found: Block | None = None
+    for pos in range(bisect_left(fl.unmapped_ptrs, start), len(unmapped)):
+        u = unmapped[pos]
+        c = u
+        if u.prev is not None and not u.prev.busy:
+            c = u.prev
+        total = 0
+        x: Block | None = c
+        while total < r and x is not None and not x.busy:
+            total += x.size
+            x = x.next
+        if total >= r:  # the walk stopped at r: its sum is a lower bound, so no record may skip it
+            ptrs.append(u.ptr)
+            totals.append(NO_CHANGE)
+            fl.room_end = u.ptr + 1
+            found = c
+            break
+        if total > best:
+            best = total
+            ptrs.append(u.ptr)
+            totals.append(total)
+    else:
+        fl.room_end = unmapped[-1].ptr + 1 if unmapped else 0
+    if CHECK_ROOM_SEARCH:
+        assert found is _plain_walk(fl, r), "the room search left torch's walk"
+    if found is not None:
+        return found
+    page = SMALL_BUFFER if fl.pool.small else eng.rules.large_segment
+    size = -(-eng.rules.expandable_reserve() // page) * page
+    base = eng.expandable_base(size)
+    exp = ExpSegment(base, page, size)
+    eng.reservations.append(exp)
+    c = Block(base, size, fl, exp, eng.new_tb(base))
+    c.mapped = False
+    _unmapped_insert(fl, c)
+    return c
+
+
+def _forget_from(fl: FreeList, dirty: int) -> None:
+    """Drop the search records a free or unmap at ``dirty`` may have made stale: those from
+    the first unmapped range of the idle run around the last range at or below ``dirty``."""
+    low = dirty
+    k = bisect_right(fl.unmapped_ptrs, dirty) - 1
+    if k >= 0:
+        b: Block | None = fl.unmapped[k]
+        while b is not None and not b.busy:
+            if not b.mapped:
+                low = min(low, b.ptr)
+            b = b.prev
+    cut = bisect_left(fl.room_ptrs, low)
+    del fl.room_ptrs[cut:], fl.room_totals[cut:]
+    fl.room_end = min(fl.room_end, low)
+
+
+def _plain_walk(fl: FreeList, r: int) -> Block | None:
+    """torch's walk, every unmapped range from the lowest (for CHECK_ROOM_SEARCH)."""
     for u in fl.unmapped:
         c = u
         if u.prev is not None and not u.prev.busy:
@@ -125,15 +211,7 @@ def _find_room(eng: EngineCore, fl: FreeList, r: int) -> Block:
             x = x.next
         if total >= r:
             return c
-    page = SMALL_BUFFER if fl.pool.small else eng.rules.large_segment
-    size = -(-eng.rules.expandable_reserve() // page) * page
-    base = eng.expandable_base(size)
-    exp = ExpSegment(base, page, size)
-    eng.reservations.append(exp)
-    c = Block(base, size, fl, exp, eng.new_tb(base))
-    c.mapped = False
-    _unmapped_insert(fl, c)
-    return c
+    return None
 
 
 def _map_block(eng: EngineCore, b: Block, n: int, i: int) -> bool:

@@ -31,6 +31,7 @@ class EngineCore(Protocol):
     num_device_free: int
     num_sync_all_streams: int
     pending: dict[int, Block]
+    fresh: list[Block]
     live: list[Block | None]
     default_small: Pool
     default_large: Pool

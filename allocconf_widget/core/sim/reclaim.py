@@ -12,7 +12,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import TYPE_CHECKING, Any
 
-from allocconf_widget.core.sim.blocks import KEY_SHIFT, Block, FreeList, pool_blocks, remove_free
+from allocconf_widget.core.sim.blocks import KEY_SHIFT, Block, FreeList, candidates, drain, remove_free
 from allocconf_widget.core.sim.expandable import release_segment, unmap_block
 from allocconf_widget.core.sim.settings import UNLIMITED
 from allocconf_widget.core.sim.trace import SEG_FREE
@@ -71,7 +71,8 @@ def _release_blocks(eng: EngineCore, pool: Any, i: int) -> None:
     """torch's ``release_blocks``: free every whole classic segment of ``pool`` and unmap
     its free expandable pages (a wholly unmapped expandable segment is let go)."""
     to_unmap: list[Block] = []
-    for b in pool_blocks(pool):
+    drain(eng.fresh)
+    for b in candidates(pool):
         if b.seg is not None:
             to_unmap.append(b)
         elif b.prev is None and b.next is None:
@@ -101,7 +102,8 @@ def collect_garbage(eng: EngineCore, i: int) -> None:
     target = eng.reserved - budget
     pool = eng.default_large
     clock = pool.clock
-    whole = [b for b in pool_blocks(pool) if b.prev is None and b.next is None]
+    drain(eng.fresh)
+    whole = [b for b in candidates(pool) if b.prev is None and b.next is None]
     total_age = sum(clock - b.gcb for b in whole)
     count = len(whole)
     reclaimed = 0
@@ -109,7 +111,7 @@ def collect_garbage(eng: EngineCore, i: int) -> None:
     while reclaimed < target and freed and count > 0:
         threshold = total_age / count
         freed = False
-        for b in pool_blocks(pool):
+        for b in candidates(pool):
             if b.prev is None and b.next is None and b.seg is None and clock - b.gcb >= threshold:
                 freed = True
                 reclaimed += b.size

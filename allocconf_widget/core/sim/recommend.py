@@ -204,6 +204,7 @@ def recommend(
         workers=workers,
         check=[False] * len(entries) + [True],
         progress=progress,
+        timing=[True] * len(entries) + [False],  # the self-check row only gives the fidelity
     )
     fidelity = results.pop().fidelity
     base = results[0]
@@ -243,9 +244,41 @@ def recommend(
 
 def _rank_key(c: Candidate) -> tuple[bool, int, int, int, bool, int]:
     r = c.result
-    failed = r.oom is not None
+    failed = _stops(r)
     reach = -r.events if failed else 0  # among failures, the one that gets furthest
     return (failed, reach, r.peak_reserved_bytes, r.num_alloc_retries, not c.is_current, len(c.conf))
+
+
+def _stops(r: SimResult) -> bool:
+    """The run ends (a fatal OOM) or the replay cannot follow it further (an OOM the program's
+    own handler would catch where the recording had none). OOMs the program caught in the
+    recording and catches again here end nothing."""
+    return r.oom is not None and (r.oom_fatal or r.stopped_early)
+
+
+def _oom_words(r: SimResult) -> str:
+    """The OOM part of a reason, never "dies" for a program that catches its OOMs."""
+    assert r.oom is not None
+    if r.oom_fatal:
+        return f"runs out of memory at event {r.oom.event_index:,}"
+    if r.stopped_early:
+        return (f"runs out of memory at event {r.oom.event_index:,}, where the recording did not; "
+                "the program catches its OOMs, so its own handler decides what follows (the replay "
+                "stops there)")
+    return (f"the program catches the OOM at event {r.oom.event_index:,} and goes on, as in the "
+            "recording")
+
+
+def _timing_words(r: SimResult) -> str:
+    """The peak range where GPU timing of record_stream frees can change it, else ''."""
+    if not r.timing_dependent:
+        return ""
+    low, high = r.reserved_range
+    text = (f"; with other GPU timing (frees waiting on other streams) the peak lies between "
+            f"{format_bytes(low)} and {format_bytes(high)}")
+    if r.timing_oom:
+        text += ", and the latest timing runs out of memory"
+    return text
 
 
 _WHY_BETTER = {
@@ -278,8 +311,8 @@ def _reason(kind: str, s: SimSettings, r: SimResult, base: SimResult) -> str:
             f"{format_bytes(r.peak_allocated_bytes)} peak allocated"
         )
         if r.oom is not None:
-            text += f"; runs out of memory at event {r.oom.event_index:,}"
-        return text
+            text += "; " + _oom_words(r)
+        return text + _timing_words(r)
     params = {
         "split": format_bytes(s.max_split_bytes or 0),
         "slack": format_bytes(s.max_non_split_rounding_bytes or 20 * MIB),
@@ -287,16 +320,17 @@ def _reason(kind: str, s: SimSettings, r: SimResult, base: SimResult) -> str:
         "gc": s.gc_threshold,
         "page": format_bytes(s.large_segment_bytes),
     }
-    if r.oom is not None:
+    if _stops(r):
+        assert r.oom is not None
         head = (
-            f"runs out of memory at event {r.oom.event_index:,} "
-            f"(needs {format_bytes(r.oom.segment_bytes)} with "
+            f"{_oom_words(r)} (needs {format_bytes(r.oom.segment_bytes)} with "
             f"{format_bytes(r.oom.reserved_bytes)} reserved"
         )
-        if base.oom is not None:
+        if _stops(base):
+            assert base.oom is not None
             head += f"; now at event {base.oom.event_index:,}"
-        further = base.oom is not None and r.events > base.events
-        return f"{head}): {_why(kind, s, better=further).format(**params)}"
+        further = _stops(base) and r.events > base.events
+        return f"{head}): {_why(kind, s, better=further).format(**params)}{_timing_words(r)}"
     new, old = r.peak_reserved_bytes, base.peak_reserved_bytes
     if new == old:
         head = f"same peak reserved as now ({format_bytes(new)})"
@@ -305,9 +339,16 @@ def _reason(kind: str, s: SimSettings, r: SimResult, base: SimResult) -> str:
         change = f"{ratio:+.1%}" if abs(ratio) < 0.095 else f"{ratio:+.0%}"
         change = change.replace("-", "−") if old else "new"
         head = f"peak reserved {format_bytes(new)} vs {format_bytes(old)} now ({change})"
-    if base.oom is not None:
-        head = f"avoids the OOM at event {base.oom.event_index:,}; " + head
-    return f"{head}: {_why(kind, s, better=new <= old).format(**params)}"
+    if base.oom is not None and (r.oom is None or r.oom.event_index != base.oom.event_index):
+        caught = "" if _stops(base) else " the program caught"
+        head = f"avoids the OOM{caught} at event {base.oom.event_index:,}; " + head
+    if r.oom is not None:
+        head += "; " + _oom_words(r)
+    if r.path_changes_at is not None:
+        head += (f"; the request that failed at event {r.path_changes_at:,} in the recording fits here, "
+                 "so the program's OOM handler would not run and what it does next (a larger batch, "
+                 "say) is not in the recording: peaks after that event are not predicted")
+    return f"{head}: {_why(kind, s, better=new <= old).format(**params)}{_timing_words(r)}"
 
 
 def _why(kind: str, s: SimSettings, *, better: bool) -> str:

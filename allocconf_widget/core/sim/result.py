@@ -213,6 +213,32 @@ class SimResult:
     initial_state_source: str | None = None  # "recorded" / "reconstructed"; None: empty start
     initial_reserved_bytes: int = 0
     initial_allocated_bytes: int = 0
+    #: the trace shows the program surviving its OOMs (it allocates after an ``oom`` entry)
+    program_catches_ooms: bool = False
+    #: the first OOM would end the run: False for one the program catches (docs/simulator.md)
+    oom_fatal: bool = False
+    #: a program that catches its OOMs would not fail the recorded request at this event (it
+    #: fits here), so its handler would not run and it takes a path the recording does not show
+    path_changes_at: int | None = None
+    #: (low, high) peak reserved when ``record_stream`` frees complete as early / as late as
+    #: the recording allows (:mod:`.timing`); None: timing cannot change the peak
+    peak_reserved_range: tuple[int, int] | None = None
+    #: a timing within that range runs out of memory where this replay did not
+    timing_oom: bool = False
+
+    @property
+    def reserved_range(self) -> tuple[int, int]:
+        """(low, high) peak reserved over the GPU timings the recording allows; both equal to
+        :attr:`peak_reserved_bytes` where timing cannot change it."""
+        if self.peak_reserved_range is None:
+            return self.peak_reserved_bytes, self.peak_reserved_bytes
+        return self.peak_reserved_range
+
+    @property
+    def timing_dependent(self) -> bool:
+        """The peak depends on when the GPU finishes other streams' work (a range, not a point)."""
+        low, high = self.reserved_range
+        return low != high or self.timing_oom
 
     @property
     def fragmentation_at_peak(self) -> float:
@@ -223,9 +249,12 @@ class SimResult:
 
     def oom_verdict(self) -> str:
         """"no" only when the self-check beside this result is confident; otherwise a "no"
-        comes with its caveat, so no front end states a confident "no OOM" it cannot back."""
+        comes with its caveat, so no front end states a confident "no OOM" it cannot back.
+        An OOM the program catches is never a plain "yes" (the run does not end there)."""
         if self.oom is not None:
-            return "yes"
+            if self.oom_fatal:
+                return "yes"
+            return "caught, as recorded" if self.oom.recorded else "yes, caught by the program's handler"
         if self.fidelity is not None and self.fidelity.confident:
             return "no"
         return "no (unverified: see the self-check)"
@@ -254,6 +283,11 @@ class SimResult:
             "num_oom_rejections": self.num_oom_rejections,
             "num_sync_all_streams": self.num_sync_all_streams,
             "oom": self.oom.to_json() if self.oom is not None else None,
+            "oom_fatal": self.oom_fatal,
+            "program_catches_ooms": self.program_catches_ooms,
+            "path_changes_at": self.path_changes_at,
+            "peak_reserved_range_bytes": list(self.reserved_range),
+            "timing_oom": self.timing_oom,
             "recorded_ooms": self.recorded_ooms,
             "recorded_ooms_avoided": self.recorded_ooms_avoided,
             "stopped_early": self.stopped_early,

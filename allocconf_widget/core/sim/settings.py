@@ -129,11 +129,16 @@ class SimSettings:
 
     @classmethod
     def from_string(cls, text: str, torch_version: Any) -> SimSettings:
-        """Parse ``text`` with ``core.config.conf.parse_conf`` and convert it."""
+        """Parse ``text`` with ``core.config.conf.parse_conf`` and convert it.
+
+        Its traps are not warned about here: a replay says itself what a setting does (a GC
+        threshold replayed under a memory fraction is not "doing nothing"), and the front end
+        that took ``text`` from the user shows them where they apply (``parse_conf``'s warnings).
+        """
         from allocconf_widget.core.config.conf import parse_conf
 
         version = simulated_release(torch_version)
-        conf = parse_conf(text, torch_version=version)
+        conf = parse_conf(text, torch_version=version, warn=False)
         return cls.from_conf(conf, label=text)
 
     @classmethod

@@ -37,6 +37,7 @@ from allocconf_widget.core.sim.result import (
 )
 from allocconf_widget.core.sim.settings import SimSettings, round_size
 from allocconf_widget.core.sim.state import AllocatorState, reconstruct_initial_state
+from allocconf_widget.core.sim.timing import timing_variants
 from allocconf_widget.core.sim.trace import Trace, decode_entries, extract_trace
 from allocconf_widget.core.versions import TorchVersion, parse_version
 
@@ -72,6 +73,7 @@ def simulate(
     record_segments: bool = False,
     series_points: int = 1000,
     address_hints: bool = False,
+    timing: bool = True,
 ) -> SimResult:
     """Replay ``trace`` under ``settings`` and predict reserved memory, OOMs and counters.
 
@@ -95,6 +97,10 @@ def simulate(
             follow the real run. A what-if cannot have them: a fidelity from such a
             replay is labelled ``recorded_addresses`` and must not stand beside a
             prediction as its self-check.
+        timing: where frees wait on other streams (``record_stream``), replay the trace
+            twice more with those frees completing as early and as late as the recording
+            allows (:mod:`.timing`) and attach the peak's range
+            (:attr:`SimResult.peak_reserved_range`).
     """
     engine = Engine(
         trace,
@@ -106,12 +112,34 @@ def simulate(
         address_hints=address_hints,
     )
     result = engine.run(series_points)
+    if timing:
+        result = _with_timing_range(trace, settings, result, device_total=device_total,
+                                    non_pytorch_bytes=non_pytorch_bytes, stop_at_oom=stop_at_oom)
     if check:
         fidelity = compare_segments(trace, tuple(engine.seg_events), result.peak_reserved_bytes,
                                     recorded_addresses=address_hints)
         events = result.segment_events if record_segments else ()
         result = dataclasses.replace(result, fidelity=fidelity, segment_events=events)
     return result
+
+
+def _with_timing_range(
+    trace: Trace, settings: SimSettings, result: SimResult, *, device_total: int | None,
+    non_pytorch_bytes: int, stop_at_oom: bool,
+) -> SimResult:
+    """``result`` with the peak range over the GPU timings the recording allows."""
+    variants = timing_variants(trace)
+    if variants is None:
+        return result
+    peaks = [result.peak_reserved_bytes]
+    timing_oom = False
+    for variant in (variants.early, variants.late):
+        other = Engine(variant, settings, device_total=device_total, non_pytorch_bytes=non_pytorch_bytes,
+                       stop_at_oom=stop_at_oom).run(1)
+        peaks.append(other.peak_reserved_bytes)
+        if result.oom is None and other.oom is not None and not other.oom.recorded:
+            timing_oom = True
+    return dataclasses.replace(result, peak_reserved_range=(min(peaks), max(peaks)), timing_oom=timing_oom)
 
 
 def replay_state(
@@ -163,6 +191,7 @@ def self_check(
         stop_at_oom=False,
         check=True,
         address_hints=recorded_addresses,
+        timing=False,  # the score is about the recorded order; no range needed
     )
     assert result.fidelity is not None
     return result.fidelity
@@ -193,6 +222,7 @@ def simulate_many(
     series_points: int = 1000,
     check: Sequence[bool] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    timing: Sequence[bool] | None = None,
 ) -> list[SimResult]:
     """Replay several configurations, in parallel processes when there are several.
 
@@ -202,7 +232,8 @@ def simulate_many(
     runs in this process. Results come back in input order. ``check`` holds a
     :func:`simulate` ``check`` flag per configuration (for the recorded one).
     ``progress(done, total)`` is called after each configuration finishes, so a
-    front end can show how far a slow comparison has got.
+    front end can show how far a slow comparison has got. ``timing`` holds a
+    :func:`simulate` ``timing`` flag per configuration (default: all on).
     """
     configs = list(settings_list)
     base: dict[str, Any] = {
@@ -214,7 +245,10 @@ def simulate_many(
     flags = list(check) if check is not None else [False] * len(configs)
     if len(flags) != len(configs):
         raise ValueError("check needs one flag per configuration")
-    per_config = [{**base, "check": flag} for flag in flags]
+    ranges = list(timing) if timing is not None else [True] * len(configs)
+    if len(ranges) != len(configs):
+        raise ValueError("timing needs one flag per configuration")
+    per_config = [{**base, "check": flag, "timing": t} for flag, t in zip(flags, ranges, strict=True)]
     if workers is None:
         workers = os.cpu_count() or 1
     workers = min(workers, len(configs))

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from allocconf_widget._errors import SnapshotError
+from allocconf_widget.core.gcpause import paused_gc
 from allocconf_widget.core.numbers import int_or_zero
 from allocconf_widget.core.sim.state import (
     INITIAL_SEGMENTS_KEY,
@@ -163,7 +164,8 @@ class Trace:
         if self.deferred_frees:
             out.append(
                 f"{self.deferred_frees:,} frees waited on other streams (record_stream) and complete "
-                "where the recording saw them; under other settings the GPU may finish them earlier or later")
+                "where the recording saw them; under other settings the GPU may finish them earlier or later "
+                "(each result's peak range covers the earliest and latest timing the recording allows)")
         return tuple(out)
 
     def replay_columns(self) -> tuple[list[int], list[int], list[int], list[int]]:
@@ -193,6 +195,7 @@ class Trace:
         """Pickle without the cached lists (workers rebuild them from the arrays)."""
         state = dict(self.__dict__)
         state.pop("_columns", None)
+        state.pop("_timing", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -207,6 +210,22 @@ class Trace:
     def partial(self) -> bool:
         """True when the trace starts after allocations it later frees (ring buffer wrapped)."""
         return self.unknown_frees > 0
+
+    def program_catches_ooms(self) -> bool:
+        """The program survived an out-of-memory error: the trace allocates after an ``oom``
+        entry (a batch-size finder, a ``try/except OutOfMemoryError`` loop, a library that
+        retries with a smaller workspace). An OOM is then not the end of the run."""
+        cached: bool | None = self.__dict__.get("_catches_ooms")
+        if cached is None:
+            ops = self.ops
+            try:
+                first = ops.index(OP_OOM)
+            except ValueError:
+                cached = False
+            else:
+                cached = any(op == OP_ALLOC for op in ops[first + 1:])
+            object.__setattr__(self, "_catches_ooms", cached)
+        return cached
 
     @property
     def initial_reserved_bytes(self) -> int:
@@ -263,6 +282,12 @@ def extract_trace(
 ) -> Trace:
     """Decode ``snapshot["device_traces"][device]``; see :func:`_extract` (this adds the
     private pools the snapshot shows but the trace entries do not attribute)."""
+    with paused_gc():
+        return _extract_all(snapshot, device, initial_state)
+
+
+def _extract_all(snapshot: Mapping[str, Any], device: int | None,
+                 initial_state: AllocatorState | str) -> Trace:
     trace = _extract(snapshot, device, initial_state)
     attribution = _pool_attribution(snapshot, trace)
     if attribution is not None:

@@ -15,11 +15,28 @@ _HEADER = ("settings", "peak reserved", "peak allocated", "1 − alloc/res", "cu
 
 
 def _oom_cell(row: SimulationRow) -> str:
-    oom = row.result.oom
+    result = row.result
+    oom = result.oom
     if oom is None:
-        return row.result.oom_verdict()  # "no" only beside a confident self-check
+        text = result.oom_verdict()  # "no" only beside a confident self-check
+        return text + ("; the latest GPU timing runs out" if result.timing_oom else "")
+    if not result.oom_fatal:  # a program that catches its OOMs: never a dead run
+        if not result.stopped_early:
+            return f"caught at event {oom.event_index:,}, as recorded"
+        return (f"at event {oom.event_index:,} ({format_bytes(oom.segment_bytes)}): the program "
+                "catches it; its handler decides what follows")
     return (f"at event {oom.event_index:,} ({format_bytes(oom.segment_bytes)}"
             + (", as recorded)" if oom.recorded else ")"))
+
+
+def _peak_cell(row: SimulationRow) -> str:
+    """The peak, and its range where GPU timing of cross-stream frees can move it."""
+    result = row.result
+    text = format_bytes(result.peak_reserved_bytes)
+    if result.timing_dependent:
+        low, high = result.reserved_range
+        text += f" ({format_bytes(low)}–{format_bytes(high)} by GPU timing)"
+    return text
 
 
 def render_simulation(report: SimulationReport) -> str:
@@ -38,7 +55,7 @@ def render_simulation(report: SimulationReport) -> str:
     rows = [list(_HEADER)]
     for row in report.rows:
         r = row.result
-        rows.append([row.label, format_bytes(r.peak_reserved_bytes), format_bytes(r.peak_allocated_bytes),
+        rows.append([row.label, _peak_cell(row), format_bytes(r.peak_allocated_bytes),
                      f"{r.fragmentation_at_peak:.1%}", f"{r.num_device_alloc:,}",
                      f"{r.num_alloc_retries:,}", _oom_cell(row)])
     lines += aligned_table(rows)

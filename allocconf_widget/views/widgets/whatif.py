@@ -56,7 +56,7 @@ def _runs(report: SimulationReport, limit: int = 6) -> list[Run]:
         label = row.shown_conf + (" (this kernel)" if row.is_current else "")
         runs.append((label, [float(i) for i in series.event_index],
                      [float(v) for v in series.reserved_bytes], float(row.result.peak_reserved_bytes),
-                     row.result.oom is not None))
+                     row.result.oom is not None and row.result.oom_fatal))  # a caught OOM is no death
     return runs
 
 
