@@ -350,3 +350,42 @@ def test_whatif_chart_draws(classic_page) -> None:
     wait_until(lambda: panel.locator(".allocconf-whatif-apply:not([disabled])").count() > 0,
                timeout=30, what="ranked rows with an Apply button")
     screenshot(nb.page, "whatif-classic-notebook6")
+
+
+# ----------------------------------------------------------------- nothing cut off (issue 24)
+# The scenes of tests/e2e/test_nothing_cut_off_browser.py, in Colab's widget generation, where
+# ipywidgets 7 cut the confirmation buttons ("Apply these setti…", "Can…") and classic table
+# cells had no padding ("shareblockssite").
+def _open_classic(classic_page, cells):
+    from tests.e2e.cutoff import WINDOW
+
+    nb = classic_page(cells)
+    nb.page.set_viewport_size(WINDOW)
+    nb.run_all(timeout=180)
+    return nb
+
+
+def test_whatif_confirmation_and_chart_labels_are_whole_in_classic(classic_page) -> None:
+    from tests.e2e.cutoff import WHATIF_CELLS, whatif_scene
+
+    seen = whatif_scene(_open_classic(classic_page, WHATIF_CELLS), "classic")
+    assert seen.cut == [], seen.cut
+    whole = {*seen.rows, *(f"{conf} (this kernel)" for conf in seen.rows)}
+    labels = [t for t in seen.texts if not re.fullmatch(r"(OOM )?[\d.]+ [KMGT]?i?B", t)]
+    assert labels and set(labels) <= whole, (labels, seen.rows)
+    assert "max_split_size_mb:128 (this kernel)" in labels, labels  # item 6
+
+
+def test_oom_card_apply_and_sites_table_are_whole_in_classic(classic_page) -> None:
+    from tests.e2e.cutoff import FLIGHT_CELLS, flight_scene
+
+    seen = flight_scene(_open_classic(classic_page, FLIGHT_CELLS), "classic")
+    assert seen.cut == [], seen.cut
+
+
+def test_simulate_table_fits_a_1400px_window_in_classic(classic_page) -> None:
+    from tests.e2e.cutoff import SIMULATE_CELLS, simulate_scene
+
+    seen = simulate_scene(_open_classic(classic_page, SIMULATE_CELLS), "classic")
+    assert seen.cut == [], seen.cut
+    assert seen.texts == ["html table"]

@@ -74,18 +74,29 @@ def run_record(args: argparse.Namespace, ctx: Any) -> Any:
 
 def run_simulate(args: argparse.Namespace, ctx: Any) -> Any:
     from allocconf_widget.app.simulate import SimulationRequest, simulate, trace_source
+    from allocconf_widget.views.text.notes import warnings_as_notes
     from allocconf_widget.views.text.simulate import render_simulation
 
     try:
         # "current" is what this kernel runs, as in the What if? tab (one session state)
         current = str(ctx.session.view().effective.to_string())
-        report = simulate(trace_source(ctx.session, args.trace, args.demo),
-                          SimulationRequest(confs=tuple(args.conf), rank=True, fraction=args.fraction,
-                                            current_conf=current))
+        with warnings_as_notes() as ours:  # said below as our notes, once (issue 24, item 4)
+            report = simulate(trace_source(ctx.session, args.trace, args.demo),
+                              SimulationRequest(confs=tuple(args.conf), rank=True,
+                                                fraction=args.fraction, current_conf=current))
     except SnapshotError as exc:
         raise RuntimeStateError(str(exc)) from None
-    print(render_simulation(report), end="")
-    for note in (report.version_note, *report.notes):
+    from allocconf_widget.adapters.frontend import Frontend, detect_frontend
+
+    if detect_frontend() in (Frontend.TERMINAL, Frontend.PLAIN):
+        print(render_simulation(report), end="")
+    else:  # a notebook: an HTML table that fits the output area (issue 24, item 5)
+        from IPython.display import display
+
+        from allocconf_widget.views.text.simulate import SimulationDisplay
+
+        display(SimulationDisplay(report))
+    for note in (report.version_note, *report.notes, *ours):
         if note:
             print(f"note: {note}")
     ctx.session.extras["whatif"] = report

@@ -40,6 +40,8 @@ from allocconf_widget.views.charts.segment_map_svg import segment_map_svg
 from allocconf_widget.views.text.flight import analysis_lines
 
 _GOOD, _BAD, _MUTED = "#2ca02c", "#d62728", "#666"
+_NUM = "style='text-align:right;padding:1px 8px'"
+_CELL = "style='text-align:left;padding:1px 8px'"
 #: Segments drawn one per row; smaller ones are summed into one row (totals stay exact).
 MAP_ROWS = 24
 
@@ -47,17 +49,18 @@ MAP_ROWS = 24
 def sites_html(analysis: FlightAnalysis) -> str:
     report = analysis.sites
     rows = "".join(
-        f"<tr><td style='text-align:right'>{format_bytes(s.live_bytes)}</td>"
-        f"<td style='text-align:right'>{s.live_bytes / report.live_bytes:.0%}</td>"
-        f"<td style='text-align:right'>{s.blocks:,}</td><td><code>{escape(s.label)}</code></td></tr>"
+        f"<tr><td {_NUM}>{format_bytes(s.live_bytes)}</td>"
+        f"<td {_NUM}>{s.live_bytes / report.live_bytes:.0%}</td>"
+        f"<td {_NUM}>{s.blocks:,}</td><td {_CELL}><code>{escape(s.label)}</code></td></tr>"
         for s in report.sites) if report.live_bytes else ""
     if report.rest_sites:
-        rows += (f"<tr><td style='text-align:right'>{format_bytes(report.rest_bytes)}</td><td></td>"
-                 f"<td></td><td>{report.rest_sites} more sites</td></tr>")
+        rows += (f"<tr><td {_NUM}>{format_bytes(report.rest_bytes)}</td><td {_NUM}></td>"
+                 f"<td {_NUM}></td><td {_CELL}>{report.rest_sites} more sites</td></tr>")
+    # every cell padded: classic Notebook 6 gives table cells none ("shareblockssite")
+    head = "".join(f"<th {_NUM}>{h}</th>" for h in ("live", "share", "blocks")) + f"<th {_CELL}>site</th>"
     return (f"<div><b>Who held the memory</b> — live bytes at the OOM by {escape(report.by)}:</div>"
-            "<table class='allocconf-flight-sites' style='font-size:12px'>"
-            "<tr><th>live</th><th>share</th><th>blocks</th><th>site</th></tr>"
-            f"{rows}</table>")
+            "<table class='allocconf-flight-sites' style='font-size:12px;border-collapse:collapse'>"
+            f"<tr>{head}</tr>{rows}</table>")
 
 
 def verdict_html(analysis: FlightAnalysis) -> str:
@@ -104,8 +107,10 @@ class FlightOomView:
         self.segments.add_class("allocconf-flight-map")
         self.verdict = W.HTML(verdict_html(analysis))
         self.verdict.add_class("allocconf-flight-verdict")
+        # never shrunk by the result beside it (Lab cut it to "Apply max_split_", icon above)
         self.apply_button = W.Button(description="Apply", button_style="success", icon="check",
-                                     disabled=True, layout=W.Layout(display="none"))
+                                     disabled=True, layout=W.Layout(display="none", flex="0 0 auto",
+                                                                    min_width="max-content"))
         self.apply_button.add_class("allocconf-flight-apply")
         self.apply_button.on_click(lambda _b: self.apply_winner())
         self.result = W.HTML()
