@@ -14,15 +14,25 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from allocconf_widget._errors import AllocConfError, SnapshotError, printable
 
 _SUBCOMMAND_MODULES = ("check", "options", "report", "simulate")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with "did you mean" for a mistyped subcommand or choice."""
+
+    def error(self, message: str) -> NoReturn:
+        from allocconf_widget.views.text.suggest import with_hint
+
+        super().error(with_hint(self, message))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Build the top-level parser with every subcommand that is installed."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="allocconf",
         description=(
             "Check, explain, measure and simulate PyTorch CUDA caching-allocator settings "
@@ -32,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     from allocconf_widget._version import __version__
 
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in _SUBCOMMAND_MODULES:
         importlib.import_module(f"allocconf_widget.views.cli.{name}").register(subparsers)
     return parser
