@@ -107,8 +107,9 @@ class FlightOomView:
         self.segments.add_class("allocconf-flight-map")
         self.verdict = W.HTML(verdict_html(analysis))
         self.verdict.add_class("allocconf-flight-verdict")
-        # never shrunk by the result beside it (Lab cut it to "Apply max_split_", icon above)
-        self.apply_button = W.Button(description="Apply", button_style="success", icon="check",
+        # never shrunk by the result beside it (Lab cut it to "Apply max_split_", icon above);
+        # no icon: Lab drew its glyph above the text line
+        self.apply_button = W.Button(description="Apply", button_style="success",
                                      disabled=True, layout=W.Layout(display="none", flex="0 0 auto",
                                                                     min_width="max-content"))
         self.apply_button.add_class("allocconf-flight-apply")
