@@ -292,11 +292,12 @@ class ViewerFiles:
 
 def export_for_viewer(capture: OomCapture, directory: str | os.PathLike[str] | None = None,
                       *, html_kind: str = "trace") -> ViewerFiles:
-    """Write ``allocconf-oom-<time>.pickle`` and PyTorch's ``trace_plot`` page beside it."""
+    """Write ``allocconf-oom-<time>.pickle`` and PyTorch's ``trace_plot`` page beside it, by
+    default into ``./allocconf-exports/`` (git-ignored), where every export goes."""
     from allocconf_widget.adapters import torch_private
-    from allocconf_widget.app.exports import default_name, write_snapshot
+    from allocconf_widget.app.exports import default_name, export_dir, write_snapshot
 
-    folder = Path(directory) if directory is not None else Path.cwd()
+    folder = Path(directory) if directory is not None else export_dir()
     snapshot: Any = capture.snapshot  # torch's plain dict, the shape Snapshot describes
     pickle_path = write_snapshot(snapshot, folder / default_name("oom", ".pickle"))
     lines = [f"snapshot saved: {pickle_path} (drag it onto pytorch.org/memory_viz)"]

@@ -145,3 +145,40 @@ def simulate_scene(nb: Any, front_end: str, cell: int = 1) -> Seen:
     seen.shot = _shot(nb.page, out, f"{front_end}-simulate")
     seen.save(front_end)
     return seen
+
+
+VIEWER_CELLS = ["%load_ext allocconf_widget\nimport torch", "%allocconf flight demo"]
+
+
+@dataclass
+class Links:
+    """What the OOM card's "Open in PyTorch's viewer" gave: the links and what they led to."""
+
+    hrefs: list[str]
+    pickle_bytes: int
+    pickle_size: int
+    viewer_url: str
+    viewer_status: int
+    exports: list[str]
+
+
+def viewer_links_scene(nb: Any) -> Links:
+    """Click "Open in PyTorch's viewer"; fetch the pickle link; click the page link (new tab)."""
+    page = nb.page
+    view = page.locator(".allocconf-flight")
+    view.wait_for(state="visible", timeout=60_000)
+    find_widget(view, "flight-viewer").first.click()
+    links = view.locator("a.allocconf-flight-link")
+    wait_until(lambda: links.count() >= 2, timeout=60, what="the viewer and download links")
+    hrefs = [str(h) for h in links.evaluate_all("els => els.map(a => a.href)")]
+    pickle = next(h for h in hrefs if h.endswith(".pickle"))
+    body = page.request.get(pickle).body()
+    exports = sorted(nb.value("sorted(os.listdir('allocconf-exports'))", setup="import os"))
+    size = nb.value(f"os.path.getsize('allocconf-exports/{pickle.rsplit('/', 1)[1]}')", setup="import os")
+    with page.context.expect_page(timeout=30_000) as opened:
+        links.filter(has_text="new browser tab").first.click()
+    tab = opened.value
+    tab.wait_for_load_state("domcontentloaded")
+    status = page.request.get(tab.url).status
+    tab.close()
+    return Links(hrefs, len(body), int(size), tab.url, status, exports)

@@ -389,3 +389,14 @@ def test_simulate_table_fits_a_1400px_window_in_classic(classic_page) -> None:
     seen = simulate_scene(_open_classic(classic_page, SIMULATE_CELLS), "classic")
     assert seen.cut == [], seen.cut
     assert seen.texts == ["html table"]
+
+
+def test_oom_card_links_work_through_classic_notebooks_file_handler(classic_page) -> None:
+    """Issue 24, item 1: classic Notebook 6 showed no link at all (the links sat in an Output
+    widget its ipywidgets 7 could not create, and its server was not looked up)."""
+    from tests.e2e.cutoff import VIEWER_CELLS, viewer_links_scene
+
+    got = viewer_links_scene(_open_classic(classic_page, VIEWER_CELLS))
+    assert got.pickle_bytes == got.pickle_size > 0
+    assert got.viewer_url.endswith(".html") and "/files/allocconf-exports/" in got.viewer_url
+    assert got.viewer_status == 200

@@ -63,3 +63,16 @@ def test_simulate_table_fits_a_1400px_window(notebook_page):
     seen = simulate_scene(_open(notebook_page, SIMULATE_CELLS), "lab")
     assert seen.cut == [], seen.cut
     assert seen.texts == ["html table"]
+
+
+def test_oom_card_links_download_the_pickle_and_open_the_viewer_in_a_new_tab(notebook_page):
+    """Issue 24, items 1 and 9: the files land in allocconf-exports/, the download link
+    serves the very pickle, and the viewer link opens PyTorch's page itself in a new browser
+    tab (not Lab's HTML viewer, which showed it blank behind "Trust HTML")."""
+    from tests.e2e.cutoff import VIEWER_CELLS, viewer_links_scene
+
+    got = viewer_links_scene(_open(notebook_page, VIEWER_CELLS))
+    assert got.pickle_bytes == got.pickle_size > 0
+    assert got.viewer_url.endswith(".html") and "/files/allocconf-exports/" in got.viewer_url
+    assert got.viewer_status == 200
+    assert [p.rsplit(".", 1)[1] for p in got.exports] == ["html", "pickle"], got.exports

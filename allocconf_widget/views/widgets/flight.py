@@ -18,7 +18,6 @@ does it synchronously (the terminal and the tests).
 
 from __future__ import annotations
 
-import os
 import threading
 from html import escape
 from typing import Any
@@ -126,9 +125,6 @@ class FlightOomView:
         self.download_button.on_click(lambda _b: self.open_viewer(html=False))
         self.viewer_status = W.HTML()
         self.viewer_status.add_class("allocconf-flight-viewer-status")
-        # Made when there are links to show, not with the view: classic Notebook 6's ipywidgets-7
-        # manager cannot create an Output model, and one in the tree kept the view from rendering.
-        self.links: Any = None
         # The answer first: the verdict and its Apply button sit right under the breakdown.
         self.widget = W.VBox([
             self.header, self.breakdown, self.verdict, W.HBox([self.apply_button, self.result]),
@@ -178,7 +174,7 @@ class FlightOomView:
         return outcome
 
     def open_viewer(self, *, html: bool = True) -> ViewerFiles | None:
-        """Write the pickle (and PyTorch's page); link them below the buttons."""
+        """Write the pickle (and PyTorch's page) into ./allocconf-exports/; link them below."""
         try:
             files = export_for_viewer(self.analysis.capture)
         except OSError as exc:
@@ -186,29 +182,43 @@ class FlightOomView:
                                         f"{escape(str(exc))}</span>")
             return None
         self.files = files
-        lines = [line for line in files.lines if html or "viewer" not in line]
-        if html and files.html is not None:
-            lines.append("open the .html link below in a new tab; offline, use the segment map above")
-        self.viewer_status.value = "<br>".join(escape(line) for line in lines)
-        self._links(files, html=html)
+        lines = [escape(line) for line in files.lines if html or "viewer" not in line]
+        lines += self._links(files, html=html)
+        self.viewer_status.value = "<br>".join(lines)
         return files
 
-    def _links(self, files: ViewerFiles, *, html: bool) -> None:
-        try:
-            from IPython.display import FileLink, display
-        except ImportError:
-            return
+    @staticmethod
+    def _links(files: ViewerFiles, *, html: bool) -> list[str]:
+        """A line per file saying how to get it in this front end (HTML).
+
+        Links are absolute ``<base_url>files/…`` URLs in the status widget itself: Lab,
+        Notebook 7 and classic Notebook 6 serve them, and no ``Output`` widget is needed
+        (classic Notebook 6's ipywidgets 7 could not create one, so it showed no link). The
+        viewer page opens in a new browser tab (``target=_blank``): Lab's own HTML viewer
+        showed it blank behind "Trust HTML". In Colab each file goes through
+        ``google.colab.files.download`` (the click on this view's button started it).
+        """
+        from allocconf_widget.adapters.frontend import download_link
+
         targets = [files.html] if html and files.html is not None else []
         targets.append(files.pickle)
-        if self.links is None:
-            import ipywidgets as W
-
-            self.links = W.Output()
-            self.widget.children = (*self.widget.children, self.links)
-        self.links.clear_output()
-        with self.links:
-            for path in targets:
-                display(FileLink(os.path.relpath(path)))
+        out = []
+        for path in targets:
+            link = download_link(path)
+            name = escape(path.name)
+            if link.url is not None and path.suffix == ".html":
+                out.append(f"<a class='allocconf-flight-link' href='{escape(link.url, quote=True)}' "
+                           f"target='_blank' rel='noopener'>open {name} in a new browser tab</a> "
+                           "(offline, use the segment map above)")
+            elif link.url is not None:
+                out.append(f"<a class='allocconf-flight-link' href='{escape(link.url, quote=True)}' "
+                           f"download='{name}'>download {name}</a>")
+            elif path.suffix == ".html":
+                out.append(f"open {name} in a browser tab{f' ({escape(link.note)})' if link.note else ''}; "
+                           "offline, use the segment map above")
+            elif link.note:
+                out.append(f"{name}: {escape(link.note)}")
+        return out
 
 
 def flight_capture_for_cell(since: float | None) -> OomCapture | None:
