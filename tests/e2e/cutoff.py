@@ -182,3 +182,24 @@ def viewer_links_scene(nb: Any) -> Links:
     status = page.request.get(tab.url).status
     tab.close()
     return Links(hrefs, len(body), int(size), tab.url, status, exports)
+
+
+MONITOR_CELLS = ["from allocconf_widget.views.widgets.monitor import start_monitor\n"
+                 "mon = start_monitor(demo=True, renderer='svg', interval=0.05)\n"
+                 "display(mon)\n"
+                 "import time; time.sleep(6)  # the replay goes on meanwhile"]
+
+
+def monitor_scene(nb: Any, front_end: str) -> Seen:
+    """The Monitor with the recording replayed, then its Segments button: which moment is which."""
+    page = nb.page
+    monitor = page.locator(".allocconf-monitor").first
+    monitor.wait_for(state="visible", timeout=60_000)
+    find_widget(monitor, "monitor-segments").first.click()
+    segmap = find_widget(monitor, "monitor-segmap").first
+    wait_until(lambda: "segments" in segmap.inner_text(), timeout=30, what="the segment map")
+    seen = Seen("monitor", cut_off_labels(monitor),
+                [find_widget(monitor, "monitor-status").first.inner_text(), segmap.inner_text()])
+    seen.shot = _shot(page, monitor, f"{front_end}-monitor")
+    seen.save(front_end)
+    return seen

@@ -400,3 +400,13 @@ def test_oom_card_links_work_through_classic_notebooks_file_handler(classic_page
     assert got.pickle_bytes == got.pickle_size > 0
     assert got.viewer_url.endswith(".html") and "/files/allocconf-exports/" in got.viewer_url
     assert got.viewer_status == 200
+
+
+def test_monitor_labels_the_moment_of_each_number_in_classic(classic_page) -> None:
+    from tests.e2e.cutoff import MONITOR_CELLS, monitor_scene
+
+    seen = monitor_scene(_open_classic(classic_page, MONITOR_CELLS), "classic")
+    status, segmap = seen.texts
+    assert re.search(r"last sample, at [\d.]+ ?s: reserved", status), status
+    assert "in the end-of-run snapshot:" in segmap, segmap
+    assert seen.cut == [], seen.cut  # item 3: "idle … skipped" drawn over "peak reserved"

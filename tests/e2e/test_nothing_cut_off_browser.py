@@ -76,3 +76,15 @@ def test_oom_card_links_download_the_pickle_and_open_the_viewer_in_a_new_tab(not
     assert got.viewer_url.endswith(".html") and "/files/allocconf-exports/" in got.viewer_url
     assert got.viewer_status == 200
     assert [p.rsplit(".", 1)[1] for p in got.exports] == ["html", "pickle"], got.exports
+
+
+def test_monitor_labels_the_moment_of_each_number_and_its_chart_text_is_apart(notebook_page):
+    """Issue 24, items 7 and 3: the status line's numbers are the last sample's, the segment
+    map's the end-of-run snapshot's, and each says so; no chart text sits on another."""
+    from tests.e2e.cutoff import MONITOR_CELLS, monitor_scene
+
+    seen = monitor_scene(_open(notebook_page, MONITOR_CELLS), "lab")
+    status, segmap = seen.texts
+    assert re.search(r"last sample, at [\d.]+ ?s: reserved", status), status
+    assert "segments at the end of the run" in segmap and "in the end-of-run snapshot:" in segmap, segmap
+    assert seen.cut == [], seen.cut

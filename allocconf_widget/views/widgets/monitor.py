@@ -374,15 +374,17 @@ class MonitorView:
         if self.recording is not None:
             segments: list[Any] = [s for s in self.recording.snapshot()["segments"]
                                    if s.get("device", 0) == device]
-            title = f"Recording: segments at the end of the run (GPU {device})"
+            title = f"Recording: segments at the end of the run (GPU {device}), not at the last sample"
+            moment = "in the end-of-run snapshot"
         else:
             torch = torch_private.imported_torch()
             if torch is None or not torch_private.cuda_initialized(torch):
                 return "no segments yet: CUDA is not initialised"
             segments = [s for s in torch_private.trace_free_snapshot(torch)
                         if s.get("device", 0) == device]
-            title = f"segments now (GPU {device})"
-        self.segments.value = segment_panel_html(segments, device=device, title=title)
+            title = f"segments now (GPU {device}), snapshot taken at {time.strftime('%H:%M:%S')}"
+            moment = "in this snapshot"
+        self.segments.value = segment_panel_html(segments, device=device, title=title, moment=moment)
         return f"{len(segments)} segments shown below"
 
     def _guarded(self, action: Any) -> None:
