@@ -163,3 +163,27 @@ def test_viewer_files_go_into_allocconf_exports(view, tmp_path, monkeypatch):
     assert files is not None
     assert files.pickle.parent == tmp_path / "allocconf-exports"
     assert not list(tmp_path.glob("allocconf-oom-*"))
+
+
+def test_allocconf_simulate_on_the_saved_pickle_agrees_with_the_card(view, tmp_path, monkeypatch):
+    """Issue 24, item 8: the pickle the card saves carries its replay facts (torch release,
+    device memory, memory fraction) in a sidecar, so the CLI replays it as the card did:
+    no LOW CONFIDENCE, the recorded settings run out of memory, the card's winner does not."""
+    import subprocess
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    files = view.open_viewer(html=False)
+    assert files is not None
+    sidecar = files.pickle.with_suffix(".json")
+    assert sidecar.is_file() and sidecar.name in view.viewer_status.value
+    run = subprocess.run([sys.executable, "-m", "allocconf_widget", "simulate", str(files.pickle),
+                          "--recommend", "--workers", "1", "--conf", "max_split_size_mb:128"],
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stderr
+    assert "LOW CONFIDENCE" not in run.stdout + run.stderr
+    assert "memory fraction" in run.stderr and "torch 2.11" in run.stdout
+    winner = view.analysis.verdict.winner
+    rows = {line.split("  ")[0].strip(): line for line in run.stdout.splitlines() if "GiB" in line}
+    assert "at event" in rows["(torch defaults) [current]"]  # the OOM, as recorded
+    assert rows[winner.conf].rstrip().endswith(" no")  # what the card said

@@ -330,6 +330,7 @@ class SidecarFacts:
     device_total_bytes: int | None
     non_pytorch_bytes: int | None
     torch_version: str | None
+    fraction: float | None = None  # set_per_process_memory_fraction in force, if below 1
 
 
 def sidecar_facts(snapshot_path: str | os.PathLike[str]) -> SidecarFacts | None:
@@ -355,7 +356,8 @@ def sidecar_facts(snapshot_path: str | os.PathLike[str]) -> SidecarFacts | None:
     total = rec.device_total_bytes
     if total is None or total <= 0:
         return None
-    return SidecarFacts(sidecar, total, rec.non_pytorch_bytes, rec.torch_version)
+    fraction = rec.fraction if rec.fraction is not None and 0.0 < rec.fraction < 1.0 else None
+    return SidecarFacts(sidecar, total, rec.non_pytorch_bytes, rec.torch_version, fraction)
 
 
 def load_demo() -> Recording:

@@ -80,10 +80,16 @@ def run_simulate(args: argparse.Namespace, ctx: Any) -> Any:
     try:
         # "current" is what this kernel runs, as in the What if? tab (one session state)
         current = str(ctx.session.view().effective.to_string())
+        fraction = args.fraction
+        if fraction is None and args.trace:  # the fraction the file's sidecar records, as the CLI
+            from allocconf_widget.core.memory.recording import sidecar_facts
+
+            known = sidecar_facts(args.trace)
+            fraction = known.fraction if known is not None else None
         with warnings_as_notes() as ours:  # said below as our notes, once (issue 24, item 4)
             report = simulate(trace_source(ctx.session, args.trace, args.demo),
                               SimulationRequest(confs=tuple(args.conf), rank=True,
-                                                fraction=args.fraction, current_conf=current))
+                                                fraction=fraction, current_conf=current))
     except SnapshotError as exc:
         raise RuntimeStateError(str(exc)) from None
     from allocconf_widget.adapters.frontend import Frontend, detect_frontend
