@@ -4,7 +4,7 @@
 # Works on a machine without a GPU (the monitor, report and what-if parts replay a
 # bundled real H200 recording). Creates .venv on first use; later runs start at once.
 #   ./demo.sh                 # opens a browser; else open the printed
-#                             # http://127.0.0.1:8888/lab/tree/notebooks/quickstart.ipynb?token=... URL
+#                             # http://127.0.0.1:8888/lab/tree/demo-notebooks/quickstart.ipynb?token=... URL
 #   ./demo.sh --port 9999     # extra arguments go to `jupyter lab`
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
@@ -24,8 +24,16 @@ if ! "$VENV/bin/python" -c "import allocconf_widget, jupyterlab, anywidget" 2>/d
     echo "Installing allocconf_widget and JupyterLab (first run only) ..."
     "$VENV/bin/python" -m pip install -q -e '.[demo]'
 fi
+# The demo runs copies in demo-notebooks/ (git-ignored): Run All autosaves outputs, and JupyterLab
+# marks a notebook modified as soon as its kernel reports its Python version, so the tracked
+# notebooks/*.ipynb would change under git. A copy is made once; delete it for a fresh one.
+RUN_DIR=demo-notebooks
+mkdir -p "$RUN_DIR"
+for nb in notebooks/*.ipynb; do
+    [ -e "$RUN_DIR/$(basename "$nb")" ] || cp "$nb" "$RUN_DIR/"
+done
 # default_url: the URL JupyterLab prints opens the demo notebook, not the Launcher
-args=(--ip=127.0.0.1 --ServerApp.root_dir="$PWD" --LabApp.default_url=/lab/tree/notebooks/quickstart.ipynb)
+args=(--ip=127.0.0.1 --ServerApp.root_dir="$PWD" --LabApp.default_url=/lab/tree/$RUN_DIR/quickstart.ipynb)
 [ "$(id -u)" = 0 ] && args+=(--allow-root)
-echo "Starting JupyterLab on notebooks/quickstart.ipynb (Ctrl-C twice to stop) ..."
-exec "$VENV/bin/jupyter" lab "${args[@]}" notebooks/quickstart.ipynb "$@"
+echo "Starting JupyterLab on $RUN_DIR/quickstart.ipynb, a copy of notebooks/quickstart.ipynb (Ctrl-C twice to stop) ..."
+exec "$VENV/bin/jupyter" lab "${args[@]}" "$RUN_DIR/quickstart.ipynb" "$@"

@@ -82,3 +82,7 @@ _.private_segments  # core/sim/pools.py
 _.same_as  # core/sim/state.py: state comparison for verification (fidelity, start-state tests)
 _.differences
 
+# ---- read by IPython's display machinery and ipywidgets' traits (set by assignment)
+_._repr_html_  # views/text/simulate.SimulationDisplay: IPython calls it to show the HTML table
+_.flex  # ipywidgets Layout trait (views/widgets/whatif.py confirmation buttons)
+_.min_width

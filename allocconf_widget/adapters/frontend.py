@@ -13,6 +13,7 @@ the magic's ``restart`` command and the panel's Restart button call it.
 from __future__ import annotations
 
 import enum
+import importlib
 import json
 import os
 import signal
@@ -141,14 +142,19 @@ def _kernel_id() -> str | None:
 
 
 def _servers() -> list[dict[str, Any]]:
-    try:
-        from jupyter_server.serverapp import list_running_servers
-    except ImportError:
-        return []
-    try:
-        return list(list_running_servers())
-    except (OSError, ValueError):
-        return []
+    """Running Jupyter servers: jupyter_server's (Lab, Notebook 7) and classic Notebook 6's
+    (``notebook.notebookapp``, Colab's generation: its ``nbserver-*.json`` files)."""
+    found: list[dict[str, Any]] = []
+    for module in ("jupyter_server.serverapp", "notebook.notebookapp"):
+        try:
+            lister = importlib.import_module(module).list_running_servers
+        except (ImportError, AttributeError):
+            continue
+        try:
+            found += [server for server in lister() if server not in found]
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def _restart_via_server(*, notify: Callable[[str], None] | None = None, kill: Any = os.kill,
@@ -344,12 +350,20 @@ def download_link(path: Path, frontend: Frontend | None = None) -> DownloadLink:
         except Exception as exc:  # not in Colab after all, or the browser refused
             return DownloadLink(None, f"download not started ({type(exc).__name__})")
         return DownloadLink(None, "download started in your browser")
-    if frontend is not Frontend.JUPYTER:
+    if frontend not in (Frontend.JUPYTER, Frontend.HEADLESS):
+        return DownloadLink(None)
+    # Classic Notebook 6 sets no JPY_SESSION_NAME, so its kernels look headless: there, only a
+    # server that runs this very kernel gets a link (an nbclient run gets none).
+    kernel = _kernel_id() if frontend is Frontend.HEADLESS else None
+    if frontend is Frontend.HEADLESS and kernel is None:
         return DownloadLink(None)
     resolved = path.resolve()
     for server in _servers():
         root = server.get("root_dir") or server.get("notebook_dir")
         if not root:
+            continue
+        if kernel is not None and not _server_has_kernel(str(server.get("url", "")).rstrip("/"),
+                                                         str(server.get("token", "")), kernel):
             continue
         try:
             relative = resolved.relative_to(Path(str(root)).resolve())

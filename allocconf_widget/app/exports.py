@@ -224,3 +224,29 @@ def write_live_snapshot(path: str | os.PathLike[str] | None = None, kind: str = 
         raise RuntimeError("torch is not imported: there is no GPU memory to save")
     snapshot: Any = torch_private.full_snapshot(torch)
     return write_snapshot(snapshot, path, kind)
+
+
+def write_replay_sidecar(snapshot_path: Path, *, torch_version: str | None, device_total: int | None,
+                         non_pytorch_bytes: int | None = None, fraction: float | None = None,
+                         conf: str = "", name: str = "") -> Path | None:
+    """Write ``<name>.json`` beside a saved snapshot: what its replay needs and the file cannot say.
+
+    The torch release (whose allocator rules the replay follows), the device's memory and
+    the memory fraction in force: without them ``allocconf simulate`` on the file guessed
+    (LOW CONFIDENCE, no OOM) where the OOM card that saved it was sure. Read back by
+    :func:`~allocconf_widget.core.memory.recording.sidecar_facts`. Nothing to write
+    (no device size known) gives None.
+    """
+    if device_total is None or device_total <= 0:
+        return None
+    stem = snapshot_path.name.removesuffix(".gz").removesuffix(".pickle")
+    meta: dict[str, Any] = {"name": name or stem, "torch": torch_version, "conf": conf,
+                            "device_total_bytes": int(device_total),
+                            "written_by": "allocconf_widget (the replay facts of " + snapshot_path.name + ")"}
+    if non_pytorch_bytes is not None:
+        meta["free_at_start_bytes"] = max(0, int(device_total) - int(non_pytorch_bytes))
+    if fraction is not None:
+        meta["fraction"] = float(fraction)
+    target = snapshot_path.with_name(stem + ".json")
+    target.write_text(json.dumps(meta, indent=1), encoding="utf-8")
+    return target

@@ -299,14 +299,22 @@ class ViewerFiles:
 
 def export_for_viewer(capture: OomCapture, directory: str | os.PathLike[str] | None = None,
                       *, html_kind: str = "trace") -> ViewerFiles:
-    """Write ``allocconf-oom-<time>.pickle`` and PyTorch's ``trace_plot`` page beside it."""
+    """Write ``allocconf-oom-<time>.pickle`` and PyTorch's ``trace_plot`` page beside it, by
+    default into ``./allocconf-exports/`` (git-ignored), where every export goes."""
     from allocconf_widget.adapters import torch_private
-    from allocconf_widget.app.exports import default_name, write_snapshot
+    from allocconf_widget.app.exports import default_name, export_dir, write_replay_sidecar, write_snapshot
 
-    folder = Path(directory) if directory is not None else Path.cwd()
+    folder = Path(directory) if directory is not None else export_dir()
     snapshot: Any = capture.snapshot  # torch's plain dict, the shape Snapshot describes
     pickle_path = write_snapshot(snapshot, folder / default_name("oom", ".pickle"))
     lines = [f"snapshot saved: {pickle_path} (drag it onto pytorch.org/memory_viz)"]
+    # the facts the card's replay used, so `allocconf simulate` on the file agrees with it
+    sidecar = write_replay_sidecar(pickle_path, torch_version=capture.torch_version,
+                                   device_total=capture.device_total,
+                                   non_pytorch_bytes=capture.non_pytorch_bytes,
+                                   fraction=capture.fraction)
+    if sidecar is not None:
+        lines.append(f"its replay facts (torch, device, memory fraction): {sidecar.name}")
     torch = torch_private.imported_torch()
     html_path: Path | None = None
     if torch is None:

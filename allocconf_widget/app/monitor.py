@@ -148,17 +148,20 @@ class MonitorRun:
             return latest.message
         return "no samples yet" if self.running else "stopped"
 
-    def segments(self, device: int) -> tuple[list[dict[str, Any]], str] | str:
-        """The cached segments to draw and their title, or why there are none."""
+    def segments(self, device: int) -> tuple[list[dict[str, Any]], str, str] | str:
+        """The cached segments to draw, their title and the moment they belong to (the chart's
+        numbers are the last sample's: the two are said apart), or why there are none."""
         if self.recording is not None:
             segments: list[dict[str, Any]] = [dict(s) for s in self.recording.snapshot()["segments"]
                                               if s.get("device", 0) == device]
-            return segments, f"Recording: segments at the end of the run (GPU {device})"
+            return (segments, f"Recording: segments at the end of the run (GPU {device}), not at "
+                    "the last sample", "in the end-of-run snapshot")
         torch = torch_private.imported_torch()
         if torch is None or not torch_private.cuda_initialized(torch):
             return "no segments yet: CUDA is not initialised"
         live = [s for s in torch_private.trace_free_snapshot(torch) if s.get("device", 0) == device]
-        return live, f"segments now (GPU {device})"
+        return (live, f"segments now (GPU {device}), snapshot taken at {time.strftime('%H:%M:%S')}",
+                "in this snapshot")
 
     # -- cells and OOMs ----------------------------------------------------------------
     def cell_started(self, label: str) -> None:

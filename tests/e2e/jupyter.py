@@ -881,3 +881,82 @@ def type_text(
         box.press("Enter")
     else:
         box.blur()  # continuous_update=False widgets send on blur
+
+
+# ----------------------------------------------------------------- is anything cut off?
+_JS_CUT_OFF = r"""
+(root) => {
+  const cut = [];
+  const name = (el) => (el.textContent || '').replace(/\s+/g, ' ').trim().slice(0, 80);
+  const visible = (el) => { const r = el.getBoundingClientRect(); return r.width > 0 && r.height > 0; };
+  // 1. buttons and labels that clip their text (ipywidgets ends them with an ellipsis)
+  for (const el of root.querySelectorAll('button, .widget-label, .widget-html-content')) {
+    if (!visible(el) || !name(el)) continue;
+    const style = getComputedStyle(el);
+    const clips = style.overflow !== 'visible' || style.textOverflow === 'ellipsis';
+    if (clips && el.scrollWidth > el.clientWidth + 1)
+      cut.push(`clipped: "${name(el)}" needs ${el.scrollWidth}px, has ${el.clientWidth}px`);
+  }
+  // 2. a button's icon beside its text, the text on one line
+  for (const b of root.querySelectorAll('button')) {
+    if (!visible(b)) continue;
+    const icon = b.querySelector('i');
+    const texts = [...b.childNodes].filter(n => n.nodeType === 3 && n.textContent.trim());
+    if (!texts.length) continue;
+    const range = document.createRange(); range.selectNodeContents(texts[0]);
+    const lines = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+    if (lines.size > 1) cut.push(`wrapped: "${name(b)}" on ${lines.size} lines`);
+    if (icon && visible(icon)) {
+      const i = icon.getBoundingClientRect(), t = range.getBoundingClientRect();
+      if (Math.abs((i.top + i.bottom) / 2 - (t.top + t.bottom) / 2) > 6)
+        cut.push(`icon not beside the text of "${name(b)}"`);
+    }
+  }
+  // 3. SVG text inside its chart, and no two texts of a chart over each other
+  for (const svg of root.querySelectorAll('svg')) {
+    if (!visible(svg)) continue;
+    const box = svg.getBoundingClientRect();
+    const texts = [...svg.querySelectorAll('text')].filter(t => t.textContent.trim() && visible(t));
+    const rects = texts.map(t => t.getBoundingClientRect());
+    texts.forEach((t, k) => {
+      const r = rects[k];
+      if (r.left < box.left - 1 || r.right > box.right + 1
+          || r.top < box.top - 1 || r.bottom > box.bottom + 1)
+        cut.push(`outside its chart: "${name(t)}"`);
+      for (let j = 0; j < k; j++) {
+        const o = rects[j];
+        const w = Math.min(r.right, o.right) - Math.max(r.left, o.left);
+        const h = Math.min(r.bottom, o.bottom) - Math.max(r.top, o.top);
+        if (w > 2 && h > 2) cut.push(`over each other: "${name(texts[j])}" and "${name(t)}"`);
+      }
+    });
+  }
+  // 4. table cells whose text runs into the next cell's ("shareblockssite")
+  for (const tr of root.querySelectorAll('tr')) {
+    const cells = [...tr.children].filter(c => visible(c) && c.textContent.trim());
+    for (let k = 1; k < cells.length; k++) {
+      const a = document.createRange(), b = document.createRange();
+      a.selectNodeContents(cells[k - 1]); b.selectNodeContents(cells[k]);
+      const gap = b.getBoundingClientRect().left - a.getBoundingClientRect().right;
+      if (gap < 3)
+        cut.push(`runs together: "${name(cells[k - 1])}" | "${name(cells[k])}" (${gap.toFixed(1)}px)`);
+    }
+  }
+  // 5. the element itself wider than the output area that shows it
+  const area = root.closest('.jp-OutputArea-output, .output_subarea, .output_area') || root.parentElement;
+  if (area && root.scrollWidth > area.clientWidth + 1)
+    cut.push(`wider than the output area: ${root.scrollWidth}px in ${area.clientWidth}px`);
+  return cut;
+}
+"""
+
+
+def cut_off_labels(locator: Locator) -> list[str]:
+    """What a user cannot read in full inside ``locator``'s element (empty: nothing is cut).
+
+    Measured in the page: buttons and labels that clip their text, a button whose text wraps
+    or whose icon sits above its text, SVG chart text outside its chart or over another text,
+    table cells whose texts touch, and the element wider than its output area.
+    """
+    found: list[str] = locator.first.evaluate(_JS_CUT_OFF)
+    return found

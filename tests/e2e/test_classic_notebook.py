@@ -395,3 +395,63 @@ def test_restart_leaves_the_page_showing_a_live_kernel(classic_page) -> None:
     assert "dead" not in state["badge"].lower(), state
     assert state["connected"], state
     assert not nb.errors(), nb.errors()
+
+
+# ----------------------------------------------------------------- nothing cut off (issue 24)
+# The scenes of tests/e2e/test_nothing_cut_off_browser.py, in Colab's widget generation, where
+# ipywidgets 7 cut the confirmation buttons ("Apply these setti…", "Can…") and classic table
+# cells had no padding ("shareblockssite").
+def _open_classic(classic_page, cells):
+    from tests.e2e.cutoff import WINDOW
+
+    nb = classic_page(cells)
+    nb.page.set_viewport_size(WINDOW)
+    nb.run_all(timeout=180)
+    return nb
+
+
+def test_whatif_confirmation_and_chart_labels_are_whole_in_classic(classic_page) -> None:
+    from tests.e2e.cutoff import WHATIF_CELLS, whatif_scene
+
+    seen = whatif_scene(_open_classic(classic_page, WHATIF_CELLS), "classic")
+    assert seen.cut == [], seen.cut
+    whole = {*seen.rows, *(f"{conf} (this kernel)" for conf in seen.rows)}
+    labels = [t for t in seen.texts if not re.fullmatch(r"(OOM )?[\d.]+ [KMGT]?i?B", t)]
+    assert labels and set(labels) <= whole, (labels, seen.rows)
+    assert "max_split_size_mb:128 (this kernel)" in labels, labels  # item 6
+
+
+def test_oom_card_apply_and_sites_table_are_whole_in_classic(classic_page) -> None:
+    from tests.e2e.cutoff import FLIGHT_CELLS, flight_scene
+
+    seen = flight_scene(_open_classic(classic_page, FLIGHT_CELLS), "classic")
+    assert seen.cut == [], seen.cut
+
+
+def test_simulate_table_fits_a_1400px_window_in_classic(classic_page) -> None:
+    from tests.e2e.cutoff import SIMULATE_CELLS, simulate_scene
+
+    seen = simulate_scene(_open_classic(classic_page, SIMULATE_CELLS), "classic")
+    assert seen.cut == [], seen.cut
+    assert seen.texts == ["html table"]
+
+
+def test_oom_card_links_work_through_classic_notebooks_file_handler(classic_page) -> None:
+    """Issue 24, item 1: classic Notebook 6 showed no link at all (the links sat in an Output
+    widget its ipywidgets 7 could not create, and its server was not looked up)."""
+    from tests.e2e.cutoff import VIEWER_CELLS, viewer_links_scene
+
+    got = viewer_links_scene(_open_classic(classic_page, VIEWER_CELLS))
+    assert got.pickle_bytes == got.pickle_size > 0
+    assert got.viewer_url.endswith(".html") and "/files/allocconf-exports/" in got.viewer_url
+    assert got.viewer_status == 200
+
+
+def test_monitor_labels_the_moment_of_each_number_in_classic(classic_page) -> None:
+    from tests.e2e.cutoff import MONITOR_CELLS, monitor_scene
+
+    seen = monitor_scene(_open_classic(classic_page, MONITOR_CELLS), "classic")
+    status, segmap = seen.texts
+    assert re.search(r"last sample, at [\d.]+ ?s: reserved", status), status
+    assert "in the end-of-run snapshot:" in segmap, segmap
+    assert seen.cut == [], seen.cut  # item 3: "idle … skipped" drawn over "peak reserved"

@@ -159,3 +159,59 @@ def test_without_a_verdict_the_rules_of_thumb_are_what_to_do(demo):
     report = build_report(demo.message, demo.settings)
     text = report_text(report, recommendation_of(report, None))
     assert "what to do:" in text and "Rules of thumb" not in text
+
+
+def test_in_colab_the_download_button_hands_the_file_to_colabs_download(view, tmp_path, monkeypatch):
+    """Issue 24, item 1. Colab cannot run here: ``google.colab`` below is a STAND-IN module
+    (its ``files.download(path)`` only records the call). What is checked is our side: in
+    Colab the Download button writes the pickle into ./allocconf-exports/ and hands exactly
+    that file to ``google.colab.files.download``, and the view says the download started."""
+    import sys
+    import types
+
+    calls: list[str] = []
+    google, colab, files = (types.ModuleType(n) for n in ("google", "google.colab", "google.colab.files"))
+    files.download = calls.append  # type: ignore[attr-defined]
+    colab.files = files  # type: ignore[attr-defined]
+    google.colab = colab  # type: ignore[attr-defined]
+    for name, module in (("google", google), ("google.colab", colab), ("google.colab.files", files)):
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.chdir(tmp_path)
+    view.download_button.click()
+    assert view.files is not None
+    assert calls == [os.fspath(view.files.pickle)]
+    assert view.files.pickle.parent == tmp_path / "allocconf-exports"
+    assert "download started in your browser" in view.viewer_status.value
+
+
+def test_viewer_files_go_into_allocconf_exports(view, tmp_path, monkeypatch):
+    """Issue 24, item 9: where docs/monitor.md says (and .gitignore ignores), not beside the notebook."""
+    monkeypatch.chdir(tmp_path)
+    files = view.open_viewer()
+    assert files is not None
+    assert files.pickle.parent == tmp_path / "allocconf-exports"
+    assert not list(tmp_path.glob("allocconf-oom-*"))
+
+
+def test_allocconf_simulate_on_the_saved_pickle_agrees_with_the_card(view, tmp_path, monkeypatch):
+    """Issue 24, item 8: the pickle the card saves carries its replay facts (torch release,
+    device memory, memory fraction) in a sidecar, so the CLI replays it as the card did:
+    no LOW CONFIDENCE, the recorded settings run out of memory, the card's winner does not."""
+    import subprocess
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    files = view.open_viewer(html=False)
+    assert files is not None
+    sidecar = files.pickle.with_suffix(".json")
+    assert sidecar.is_file() and sidecar.name in view.viewer_status.value
+    run = subprocess.run([sys.executable, "-m", "allocconf_widget", "simulate", str(files.pickle),
+                          "--recommend", "--workers", "1", "--conf", "max_split_size_mb:128"],
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stderr
+    assert "LOW CONFIDENCE" not in run.stdout + run.stderr
+    assert "memory fraction" in run.stderr and "torch 2.11" in run.stdout
+    winner = view.analysis.verdict.winner
+    rows = {line.split("  ")[0].strip(): line for line in run.stdout.splitlines() if "GiB" in line}
+    assert "at event" in rows["(torch defaults) [current]"]  # the OOM, as recorded
+    assert rows[winner.conf].rstrip().endswith(" no")  # what the card said

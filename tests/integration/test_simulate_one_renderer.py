@@ -95,3 +95,25 @@ def test_record_without_a_gpu_still_runs_the_cell_and_says_it_did_not_record(ip,
     out = capsys.readouterr().out
     assert ip.user_ns["ran"] == [1]  # the user's code ran
     assert "not recording" in out and "needs a CUDA GPU" in out
+
+
+def test_in_a_notebook_the_table_is_html_with_the_same_cells(ip, capsys, monkeypatch):
+    """Issue 24, item 5: the text table is wider than a 1400 px window's output area; a notebook
+    gets an HTML table (the browser tests measure that it fits) with the very same cells."""
+    import html
+    import re
+
+    from allocconf_widget.adapters import frontend
+
+    monkeypatch.setattr(frontend, "detect_frontend", lambda *_a, **_k: frontend.Frontend.JUPYTER)
+    report = ip.run_line_magic("allocconf", f"-r simulate {DEFAULTS}")
+    capsys.readouterr()
+    from allocconf_widget.views.text.simulate import SimulationDisplay, render_simulation
+
+    shown = SimulationDisplay(report)
+    page = shown._repr_html_()
+    cells = [html.unescape(c) for c in re.findall(r"<t[dh][^>]*>([^<]*)</t[dh]>", page)]
+    for line in render_simulation(report).splitlines():
+        if line.startswith(("settings ", "(torch defaults)")):
+            assert all(word in cells or word in " ".join(cells) for word in line.split("  ") if word)
+    assert repr(shown) == render_simulation(report).rstrip("\n")  # text front ends: the table

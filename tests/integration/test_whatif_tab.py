@@ -112,7 +112,11 @@ def test_cancel_changes_nothing():
     row = _row(view, "max_split_size_mb:256")
     row.apply.click()
     assert "set max_split_size_mb:256" in row.question.value
-    row.confirm.children[2].click()  # Cancel
+    question, buttons = row.confirm.children  # the question above its buttons
+    assert question is row.question
+    cancel = next(b for b in buttons.children if b.description == "Cancel")
+    assert cancel.layout.flex == "0 0 auto"  # never shrunk to "Can…" (issue 24, item 2)
+    cancel.click()
     assert row.confirm.layout.display == "none"
     assert os.environ.get(VAR) is None
     view.close()

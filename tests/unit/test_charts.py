@@ -119,6 +119,19 @@ def test_timeline_traces_carry_the_recorded_values_and_markers():
     assert fig.layout.title.text.startswith("Recording: ")
 
 
+def test_shares_near_100_percent_stay_under_the_100_percent_gridline_and_active_shows():
+    """Issue 24, item 3 (plotly chart): the demo's cached share reaches 99 %; the right axis
+    leaves room above 100 % and draws its gridlines, and active (equal to allocated here) is
+    a wider, translucent band that allocated's line cannot hide."""
+    fig = timeline_figure(_demo_timeline().render(0))
+    shares = [v for v in fig.data[4].y if v is not None]
+    top = fig.layout.yaxis2.range[1]
+    assert max(shares) > 95 and top > 100 >= max(shares)
+    assert fig.layout.yaxis2.showgrid and 100 % fig.layout.yaxis2.dtick == 0
+    allocated, active = fig.data[1], fig.data[2]
+    assert active.line.width >= 3 * allocated.line.width and active.opacity < 1
+
+
 def test_timeline_over_steps_uses_the_step_axis():
     tl = Timeline(x_label="training step")
     for step in range(1, 50):

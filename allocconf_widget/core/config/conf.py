@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -344,13 +344,24 @@ def _split_items(tokens: list[Token], text: str) -> list[tuple[Token, list[Token
             if tokens[i].text != ",":
                 raise AllocConfError(
                     f"unexpected {tokens[i].text!r} after the value of {key.text}",
-                    option=key.text, position=tokens[i].pos,
-                    fix="separate settings with a single comma: key:value,key:value")
+                    option=key.text, position=tokens[i].pos, fix=_after_value_fix(key, tokens, i, text))
             if i + 1 >= n:
                 raise AllocConfError("the string ends with a comma", position=tokens[i].pos,
                                      fix="remove the trailing comma")
             i += 1
     return items
+
+
+def _after_value_fix(key: Token, tokens: list[Token], i: int, text: str) -> str:
+    """The fix for text after a value: per-band lists (``256:2,>:8``) need their brackets."""
+    if tokens[i].text == ":" and key.text.strip().lower() == "roundup_power2_divisions":
+        start = tokens[i - 1].pos
+        # the bands run up to the next option name (band starts are numbers or '>')
+        end = next((t.pos for t in tokens[i:] if t.is_word and t.text[:1].isalpha()), len(text))
+        bands = text[start:end].strip().rstrip(",")
+        return (f"per-band divisions are a list: wrap the bands in [ ], e.g. "
+                f"{key.text}:[{bands}]")
+    return "separate settings with a single comma: key:value,key:value"
 
 
 def _empty_or_stray(tok: Token) -> AllocConfError:
@@ -443,7 +454,7 @@ def _value(spec: opt.OptionSpec, toks: list[Token], version: TorchVersion,
             number = parse_float(spec.name, text)
             check_bound(spec, number, version)
             return number
-        integer = parse_unsigned(spec.name, text, version)
+        integer = parse_unsigned(spec.name, text, version, _bound_fix(spec, version, large_segment))
         check_bound(spec, integer, version, large_segment)
         return integer
     except AllocConfError as exc:
@@ -451,6 +462,18 @@ def _value(spec: opt.OptionSpec, toks: list[Token], version: TorchVersion,
             raise AllocConfError(exc.reason, option=exc.option, position=toks[0].pos,
                                  fix=exc.fix) from None
         raise
+
+
+def _bound_fix(spec: opt.OptionSpec, version: TorchVersion,
+               large_segment: int = 20) -> Callable[[int], str | None]:
+    """For :func:`parse_unsigned`: the fix when a suggested whole number is itself refused."""
+    def fix_for(value: int) -> str | None:
+        try:
+            check_bound(spec, value, version, large_segment)
+        except AllocConfError as exc:
+            return exc.fix
+        return None
+    return fix_for
 
 
 def _backend(spec: opt.OptionSpec, text: str, version: TorchVersion) -> str:
@@ -485,7 +508,7 @@ def _list_pairs(spec: opt.OptionSpec, toks: list[Token]) -> list[tuple[Token, To
 
 def _roundup(spec: opt.OptionSpec, toks: list[Token], version: TorchVersion) -> RoundupDivisions:
     if toks[0].text != "[":
-        value = parse_unsigned(spec.name, toks[0].text, version)
+        value = parse_unsigned(spec.name, toks[0].text, version, _bound_fix(spec, version))
         check_bound(spec, value, version)
         return RoundupDivisions(uniform=value)
     if version.schema_key < (2, 0):

@@ -72,7 +72,12 @@ class Bound:
         if self.low is not None:
             low = "large_segment_size_mb (20 unless set)" if isinstance(self.low, str) else _num(self.low)
             parts.append(f"{'at least' if self.low_inclusive else 'greater than'} {low}")
-        if self.high is not None:
+        if self.high == MAX_MIB and unit == "MiB":
+            # the number itself (17592186044415) told nobody anything: say what it is
+            parts.append("no upper limit in practice (the ceiling, 17592186044415 MiB = 16 EiB, "
+                         "is the most a 64-bit byte count holds)")
+            unit = ""
+        elif self.high is not None:
             word = "at most" if self.high_inclusive else "less than"
             parts.append(f"{word} {_num(self.high)}")
         text = " and ".join(parts)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from allocconf_widget._errors import AllocConfError
@@ -82,8 +83,14 @@ def _int_limit(version: TorchVersion) -> int:
     return (1 << 64) - 1 if version.new_parser else INT_MAX
 
 
-def parse_unsigned(spec_name: str, text: str, version: TorchVersion) -> int:
-    """Parse a plain non-negative decimal integer, refusing what torch would misread."""
+def parse_unsigned(spec_name: str, text: str, version: TorchVersion,
+                   fix_for: Callable[[int], str | None] | None = None) -> int:
+    """Parse a plain non-negative decimal integer, refusing what torch would misread.
+
+    ``fix_for(n)`` says why the whole number ``n`` would itself be refused (the fix to offer
+    instead), or None when it is valid: a fix offered must be a value torch accepts
+    (``max_split_size_mb:1.5`` must not suggest ``max_split_size_mb:1``, below the minimum).
+    """
     if _DIGITS.fullmatch(text):
         # beyond ~20 digits nothing fits torch's integers; int() of 4300+ digits even raises
         value = int(text) if len(text.lstrip("0")) <= _MAX_DIGITS else _int_limit(version) + 1
@@ -112,11 +119,14 @@ def parse_unsigned(spec_name: str, text: str, version: TorchVersion) -> int:
         )
         digits = match.group(1)
         read_as = int(digits) if len(digits.lstrip("0")) <= _MAX_DIGITS else _int_limit(version)
+        suggestion = _suggest_int(text, read_as)
+        instead = fix_for(suggestion) if fix_for is not None else None
         raise AllocConfError(
             f"{spec_name}={text} is not a whole number: it has {kind}, and torch would silently "
             f"read it as {read_as}",
             option=spec_name,
-            fix=f"write the whole number you mean, e.g. {spec_name}:{_suggest_int(text, read_as)}",
+            fix=(f"write a whole number: {instead}" if instead
+                 else f"write the whole number you mean, e.g. {spec_name}:{suggestion}"),
         )
     raise AllocConfError(
         f"{spec_name}={text!r} is not a number",

@@ -264,6 +264,7 @@ class SidecarFacts:
     device_total_bytes: int | None
     non_pytorch_bytes: int | None
     torch_version: str | None
+    fraction: float | None = None  # set_per_process_memory_fraction in force, if below 1
 
 
 #: the largest device a sidecar may claim (1 PiB): more is not a GPU, it is a broken file
@@ -323,7 +324,8 @@ def read_sidecar(snapshot_path: str | os.PathLike[str]) -> SidecarRead:
     if non_pytorch is not None and not 0 <= non_pytorch <= total:
         non_pytorch = None
     version = rec.torch_version if rec.torch_version and len(rec.torch_version) <= 64 else None
-    return SidecarRead(SidecarFacts(sidecar, total, non_pytorch, version))
+    fraction = rec.fraction if rec.fraction is not None and 0.0 < rec.fraction < 1.0 else None
+    return SidecarRead(SidecarFacts(sidecar, total, non_pytorch, version, fraction))
 
 
 def _no_constant(name: str) -> None:

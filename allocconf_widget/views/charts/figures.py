@@ -51,7 +51,9 @@ _TRACE_STYLE: dict[str, dict[str, Any]] = {
     "reserved": {"line": {"color": COLORS["reserved"], "width": 2}, "fill": "tozeroy",
                  "fillcolor": "rgba(31,119,180,0.08)"},
     "allocated": {"line": {"color": COLORS["allocated"], "width": 2}},
-    "active": {"line": {"color": COLORS["active"], "width": 1, "dash": "dot"}},
+    # active usually equals allocated: a wide translucent band around allocated's line, so
+    # both stay visible (a thin dotted line was hidden under allocated)
+    "active": {"line": {"color": COLORS["active"], "width": 7}, "opacity": 0.3},
     "non_pytorch": {"line": {"color": COLORS["non_pytorch"], "width": 1, "dash": "dash"}},
     "cached_share": {"line": {"color": COLORS["cached_share"], "width": 1, "dash": "dash"},
                      "yaxis": "y2"},
@@ -129,8 +131,11 @@ def timeline_layout(payload: RenderPayload, unit: tuple[int, str], title: str | 
         "title": {"text": title or "", "font": {"size": 13}},
         "xaxis": {"title": {"text": payload.x_label}},
         "yaxis": {"title": {"text": unit[1]}, "rangemode": "tozero"},
-        "yaxis2": {"title": {"text": "%"}, "overlaying": "y", "side": "right", "range": [0, 100],
-                   "tickmode": "linear", "tick0": 0, "dtick": 25, "showgrid": False},
+        # a little room above 100 %, and the 25 % gridlines drawn: a share near 100 % sat on
+        # the plot's top edge, above the left axis' highest gridline, and read as over 100 %
+        "yaxis2": {"title": {"text": "%"}, "overlaying": "y", "side": "right", "range": [0, 105],
+                   "tickmode": "linear", "tick0": 0, "dtick": 25, "showgrid": True,
+                   "gridcolor": "rgba(148,103,189,0.25)", "griddash": "dot"},
         "shapes": shapes,
         "annotations": notes,
     }

@@ -115,6 +115,11 @@ def status_html(
 
     latest = payload.latest
     parts = [f"<b>{escape(state)}</b>"]
+    # the moment these numbers belong to, said first: a segment map below is another moment
+    # (a snapshot), and its "allocated" differs from the last sample's
+    moment = ("last sample" if payload.latest_x is None
+              else f"last sample, at {escape(format_x(payload.latest_x, payload.x_label))}")
+    numbers = []
     for label, name in (("reserved", "reserved"), ("allocated", "allocated"),
                         ("non-PyTorch", "non_pytorch"), ("cached", "cached_share"),
                         ("fragmentation", "fragmentation")):
@@ -124,9 +129,10 @@ def status_html(
                 text += f" (peak {format_bytes(payload.peaks['reserved'] or 0)})"
             if name == "non_pytorch" and sample is not None and sample.non_pytorch_source == "device":
                 text += " (device-wide)"
-            parts.append(text)
-    if payload.latest_x is not None:
-        parts.append(f"at {escape(format_x(payload.latest_x, payload.x_label))}")
+            numbers.append(text)
+    if numbers:
+        numbers[0] = f"{moment}: {numbers[0]}"
+    parts += numbers
     parts.append(f"{payload.samples:,} samples")
     if overhead.get("steps"):
         parts.append(f"step {overhead['steps']:,}")

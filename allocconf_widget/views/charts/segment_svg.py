@@ -36,12 +36,12 @@ def _legend(totals: Mapping[str, int]) -> str:
     return f'<div class="allocconf-segmap-legend" style="line-height:1.8">{"".join(items)}</div>'
 
 
-def _figures(segments: Sequence[Mapping[str, Any]]) -> str:
+def _figures(segments: Sequence[Mapping[str, Any]], moment: str) -> str:
     metrics = segment_metrics(segments)  # type: ignore[arg-type]
     reserved = metrics.reserved_bytes
     share = metrics.allocated_bytes / reserved if reserved else 0.0
     parts = [
-        f"{metrics.segment_count} segments",
+        f"{moment}: {metrics.segment_count} segments",
         f"{format_bytes(reserved)} reserved",
         f"{format_bytes(metrics.allocated_bytes)} allocated ({share:.0%})",
         f"{format_bytes(metrics.inactive_bytes)} free in segments",
@@ -58,8 +58,13 @@ def segment_panel_html(
     title: str | None = None,
     width: int = 760,
     max_rows: int = 16,
+    moment: str = "in this snapshot",
 ) -> str:
-    """The segments of ``device``: headline figures, legend, labelled bars, caption."""
+    """The segments of ``device``: headline figures, legend, labelled bars, caption.
+
+    ``moment`` opens the figures ("in the end-of-run snapshot"): the numbers belong to the
+    snapshot, not to the monitor's last sample shown above them.
+    """
     smap = build_segment_map(snapshot, device=device, max_rows=max_rows, max_pieces=600)
     raw = snapshot.get("segments", []) if isinstance(snapshot, Mapping) else snapshot
     segments = [s for s in raw if device is None or s.get("device", 0) == device]
@@ -70,5 +75,5 @@ def segment_panel_html(
     bars = segment_map_svg(smap, width, legend=False, label_share=True)
     note = (f'<div style="opacity:0.75">{escape(smap.caption)}; bars share one byte scale '
             "(a segment's length is its size)</div>")
-    return (f'<div class="allocconf-segmap" style="{style}">{head}{_figures(segments)}'
+    return (f'<div class="allocconf-segmap" style="{style}">{head}{_figures(segments, moment)}'
             f"{_legend(smap.totals)}{bars}{note}</div>")

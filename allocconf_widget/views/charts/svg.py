@@ -115,6 +115,8 @@ def _series_paths(frame: _Frame, payload: RenderPayload, names: Iterable[str], y
 
 
 def _markers(frame: _Frame, markers: Sequence[Marker]) -> list[str]:
+    """Cell spans, idle gaps and OOMs. Their labels sit at the bottom of the plot: at the top
+    "idle 6.3 s skipped" was drawn over the "peak reserved …" label (issue 24, item 3)."""
     out = []
     top, bottom = frame.top, frame.height - frame.bottom
     for m in markers:
@@ -128,12 +130,12 @@ def _markers(frame: _Frame, markers: Sequence[Marker]) -> list[str]:
             w = max(2.0, frame.px(m.x_end if m.x_end is not None else m.x) - x)
             out.append(f'<g class="allocconf-idle"><rect x="{_num(x)}" y="{top}" width="{_num(w)}" '
                        f'height="{bottom - top}" fill="{COLORS["idle"]}"/>'
-                       f'<text x="{_num(x + 3)}" y="{top + 11}" fill="{COLORS["note"]}">'
+                       f'<text x="{_num(x + 3)}" y="{bottom - 4}" fill="{COLORS["note"]}">'
                        f"{escape(m.label)}</text>{title}</g>")
         elif m.kind == "oom":
             out.append(f'<g><line x1="{_num(x)}" x2="{_num(x)}" y1="{top}" y2="{bottom}" '
                        f'stroke="{COLORS["oom"]}" stroke-width="2"/>'
-                       f'<text x="{_num(x + 3)}" y="{top + 11}" fill="{COLORS["oom"]}" '
+                       f'<text x="{_num(x + 3)}" y="{bottom - 4}" fill="{COLORS["oom"]}" '
                        f'font-weight="bold">OOM</text>{title}</g>')
         else:
             out.append(f'<line x1="{_num(x)}" x2="{_num(x)}" y1="{top}" y2="{bottom}" '

@@ -16,7 +16,7 @@ from allocconf_widget.views.cli import check, options, report, simulate
 class CommandModule(Protocol):
     """A module of subcommands: ``register`` adds them to the CLI's parser."""
 
-    def register(self, subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None: ...
+    def register(self, subparsers: argparse._SubParsersAction) -> None: ...  # argparse.ArgumentParser or ours
 
 
 COMMANDS: tuple[CommandModule, ...] = (check, options, report, simulate)

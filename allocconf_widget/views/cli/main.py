@@ -13,13 +13,23 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from allocconf_widget._errors import AllocConfError, SnapshotError, printable
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with "did you mean" for a mistyped subcommand or choice."""
+
+    def error(self, message: str) -> NoReturn:
+        from allocconf_widget.views.text.suggest import with_hint
+
+        super().error(with_hint(self, message))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Build the top-level parser with every subcommand that is installed."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="allocconf",
         description=(
             "Check, explain, measure and simulate PyTorch CUDA caching-allocator settings "
@@ -29,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     from allocconf_widget._version import __version__
 
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     from allocconf_widget.views.cli.commands import COMMANDS
 
     for module in COMMANDS:

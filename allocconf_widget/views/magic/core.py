@@ -134,14 +134,20 @@ def run_set(args: argparse.Namespace, ctx: MagicContext) -> Any:
     session = ctx.session
     items = list(args.settings)
     pasted, value = strip_variable_prefix(" ".join(items))
+    replace = args.replace
     if pasted is not None:  # a pasted `PYTORCH_CUDA_ALLOC_CONF=a:1`: the name is not an option
-        print(f"note: dropped the variable name {pasted}= and staged only its value")
+        # a whole variable is a whole configuration: it replaces what was staged (merged, an
+        # earlier max_split_size_mb:256 stayed and then drew a warning about the mix)
+        before = session.staged().to_string()
+        replace = True
+        print(f"note: dropped the variable name {pasted}= and staged its value as the whole "
+              "configuration" + (f", replacing the staged {before}" if before else ""))
         items = [value]
     options, whole = _parse_settings(items)
     if whole is not None:
         conf = parse_conf(whole, session.state().version, warn=False)
-        staged = session.stage(conf if args.replace else session.staged().merge(conf))
-    elif args.replace:
+        staged = session.stage(conf if replace else session.staged().merge(conf))
+    elif replace:
         staged = session.update(options, base=parse_conf("", session.state().version, warn=False))
     else:
         staged = session.update(options)

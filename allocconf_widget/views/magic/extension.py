@@ -28,7 +28,9 @@ class _Parser(argparse.ArgumentParser):
     """argparse that raises instead of exiting on bad input (turned into UsageError)."""
 
     def error(self, message: str) -> Any:
-        raise ValueError(f"{message}\n\n{self.format_usage().strip()}")
+        from allocconf_widget.views.text.suggest import with_hint
+
+        raise ValueError(f"{with_hint(self, message)}\n\n{self.format_usage().strip()}")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -88,16 +88,33 @@ def run_record(args: argparse.Namespace, ctx: MagicContext) -> Any:
 
 def run_simulate(args: argparse.Namespace, ctx: MagicContext) -> Any:
     from allocconf_widget.app.simulate import SimulationRequest, simulate, trace_source
+    from allocconf_widget.views.text.notes import warnings_as_notes
     from allocconf_widget.views.text.simulate import render_simulation
 
     try:
         # "current" is what this kernel runs, as in the What if? tab (one session state)
-        report = simulate(trace_source(ctx.session, args.trace, args.demo),
-                          SimulationRequest(confs=tuple(args.conf), rank=True, fraction=args.fraction,
-                                            kernel=ctx.session.view().effective))
+        fraction = args.fraction
+        if fraction is None and args.trace:  # the fraction the file's sidecar records, as the CLI
+            from allocconf_widget.core.memory.recording import read_sidecar
+
+            known = read_sidecar(args.trace).facts
+            fraction = known.fraction if known is not None else None
+        with warnings_as_notes() as ours:  # said below as our notes, once
+            report = simulate(trace_source(ctx.session, args.trace, args.demo),
+                              SimulationRequest(confs=tuple(args.conf), rank=True, fraction=fraction,
+                                                kernel=ctx.session.view().effective))
     except SnapshotError as exc:
         raise RuntimeStateError(str(exc)) from None
-    print(render_simulation(report), end="")
-    for note in report.all_notes():
+    from allocconf_widget.adapters.frontend import detect_frontend
+
+    if not detect_frontend().shows_widgets:
+        print(render_simulation(report), end="")
+    else:  # a notebook: an HTML table that fits the output area
+        from IPython.display import display
+
+        from allocconf_widget.views.text.simulate import SimulationDisplay
+
+        display(SimulationDisplay(report))
+    for note in (*report.all_notes(), *ours):
         print(f"note: {note}")
     return report

@@ -1,10 +1,16 @@
 """The one text rendering of a :class:`~allocconf_widget.app.simulate.SimulationReport`.
 
 ``allocconf simulate`` and ``%allocconf simulate`` print this, so the same trace gives the
-same table, header and reasons in a terminal and in a notebook.
+same table, header and reasons in a terminal and in a notebook. In a notebook the table is
+also offered as HTML (:class:`SimulationDisplay`): the text table is ~130 characters wide and
+wrapped in a 1400 px window (each row's "OOM" cell on a line of its own); the HTML table
+wraps inside its cells instead and fits the output area. Both carry the same cells.
 """
 
 from __future__ import annotations
+
+import html
+from dataclasses import dataclass
 
 from allocconf_widget.app.simulate import SimulationReport, SimulationRow
 from allocconf_widget.core.units import format_bytes
@@ -39,8 +45,7 @@ def _peak_cell(row: SimulationRow) -> str:
     return text
 
 
-def render_simulation(report: SimulationReport) -> str:
-    """Header (trace, torch, device, self-check), the table, and for a ranking the reasons."""
+def _header_lines(report: SimulationReport) -> list[str]:
     fid = report.fidelity
     device = format_bytes(report.device_total) if report.device_total is not None else "unlimited"
     lines = [
@@ -51,15 +56,66 @@ def render_simulation(report: SimulationReport) -> str:
     ]
     if report.start_state:
         lines.append(f"start: {report.start_state}")
-    lines.append("")
+    return lines
+
+
+def _cells(report: SimulationReport) -> list[list[str]]:
     rows = [list(_HEADER)]
     for row in report.rows:
         r = row.result
         rows.append([row.label, _peak_cell(row), format_bytes(r.peak_allocated_bytes),
                      f"{r.fragmentation_at_peak:.1%}", f"{r.num_device_alloc:,}",
                      f"{r.num_alloc_retries:,}", _oom_cell(row)])
-    lines += aligned_table(rows)
+    return rows
+
+
+def _reasons(report: SimulationReport) -> list[str]:
+    return [f"{row.rank}. {row.label}: {row.reason}" for row in report.rows] if report.ranked else []
+
+
+def render_simulation(report: SimulationReport) -> str:
+    """Header (trace, torch, device, self-check), the table, and for a ranking the reasons."""
+    lines = [*_header_lines(report), ""]
+    lines += aligned_table(_cells(report))
     if report.ranked:
         lines += ["", "why:"]
-        lines += [f"  {row.rank}. {row.label}: {row.reason}" for row in report.rows]
+        lines += [f"  {reason}" for reason in _reasons(report)]
     return "\n".join(lines) + "\n"
+
+
+_TD = "padding:1px 8px;vertical-align:top;"
+
+
+def render_simulation_html(report: SimulationReport) -> str:
+    """The same header, table and reasons as HTML: a table that wraps inside its cells."""
+    head, *body = _cells(report)
+
+    def row(cells: list[str], tag: str) -> str:
+        first, *rest = cells
+        return (f"<tr><{tag} style='{_TD}text-align:left'>{html.escape(first)}</{tag}>"
+                + "".join(f"<{tag} style='{_TD}text-align:right'>{html.escape(c)}</{tag}>" for c in rest)
+                + "</tr>")
+
+    parts = ["<div class='allocconf-simulate' style='max-width:100%'>",
+             "<br>".join(html.escape(line) for line in _header_lines(report)),
+             "<table style='border-collapse:collapse;font-size:12px;margin:6px 0;"
+             "table-layout:auto;max-width:100%'>",
+             row(head, "th"), *(row(cells, "td") for cells in body), "</table>"]
+    if report.ranked:
+        items = "".join(f"<li>{html.escape(f'{row.label}: {row.reason}')}</li>" for row in report.rows)
+        parts.append(f"<div>why:</div><ol style='margin:2px 0'>{items}</ol>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+@dataclass(frozen=True)
+class SimulationDisplay:
+    """What ``%allocconf simulate`` shows in a notebook: HTML there, the text table elsewhere."""
+
+    report: SimulationReport
+
+    def _repr_html_(self) -> str:
+        return render_simulation_html(self.report)
+
+    def __repr__(self) -> str:
+        return render_simulation(self.report).rstrip("\n")

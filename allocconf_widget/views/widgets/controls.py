@@ -140,10 +140,11 @@ def _editor_for(spec: opt.OptionSpec, version: TorchVersion | None = None) -> Ed
     """The editor for the option's kind, as ``version`` of torch takes it."""
     if spec.kind is opt.Kind.ROUNDUP:
         return _roundup_editor(spec, version)
+    if spec.kind is opt.Kind.FRACTION:
+        return _fraction_editor(spec, version)
     builders = {
         opt.Kind.SIZE_MB: _size_editor,
         opt.Kind.BOOL: _bool_editor,
-        opt.Kind.FRACTION: _fraction_editor,
         opt.Kind.BACKEND: _backend_editor,
         opt.Kind.COUNT: _count_editor,
     }
@@ -215,10 +216,29 @@ def _bool_editor(spec: opt.OptionSpec) -> Editor:
     return Editor(toggle, lambda: str(toggle.value), write, show_default)
 
 
-def _fraction_editor(spec: opt.OptionSpec) -> Editor:
+_FRACTION_STEP = 0.01
+
+
+def fraction_range(spec: opt.OptionSpec, version: TorchVersion | None = None) -> tuple[float, float]:
+    """The slider's ends: the option's bound for ``version`` (the newest rule without one),
+    one step inside an exclusive end, so that every position is a value torch accepts
+    (``garbage_collection_threshold`` takes 0 < t < 1: 0.00 and 1.00 are both refused)."""
+    bound = (spec.bound_in(version) if version is not None
+             else spec.bounds[-1][1] if spec.bounds else None)
+    low, high = 0.0, 1.0
+    if bound is not None:
+        if isinstance(bound.low, int | float):
+            low = float(bound.low) + (0.0 if bound.low_inclusive else _FRACTION_STEP)
+        if bound.high is not None:
+            high = float(bound.high) - (0.0 if bound.high_inclusive else _FRACTION_STEP)
+    return round(low, 4), round(high, 4)
+
+
+def _fraction_editor(spec: opt.OptionSpec, version: TorchVersion | None = None) -> Editor:
     import ipywidgets as W
 
-    slider = W.FloatSlider(value=0.0, min=0.0, max=1.0, step=0.01, readout_format=".2f",
+    low, high = fraction_range(spec, version)
+    slider = W.FloatSlider(value=low, min=low, max=high, step=_FRACTION_STEP, readout_format=".2f",
                            continuous_update=False, layout=W.Layout(width="372px"))
 
     def write(text: str) -> None:
@@ -229,7 +249,7 @@ def _fraction_editor(spec: opt.OptionSpec) -> Editor:
         number = default_number(spec)
         if number is None:  # "off": no position means off, so the slider shows no number
             slider.readout = False
-            slider.value = 0.0
+            slider.value = slider.min
         else:
             write(number)
 

@@ -22,7 +22,6 @@ does it synchronously (the terminal and the tests).
 
 from __future__ import annotations
 
-import os
 import threading
 from html import escape
 from typing import Any
@@ -50,6 +49,8 @@ from allocconf_widget.views.text.oom import report_text
 from allocconf_widget.views.widgets.oom_card import report_html
 
 _GOOD, _BAD, _MUTED = "#2ca02c", "#d62728", "#666"
+_NUM = "style='text-align:right;padding:1px 8px'"
+_CELL = "style='text-align:left;padding:1px 8px'"
 #: Segments drawn one per row; smaller ones are summed into one row (totals stay exact).
 MAP_ROWS = 24
 
@@ -57,17 +58,18 @@ MAP_ROWS = 24
 def sites_html(analysis: FlightAnalysis) -> str:
     report = analysis.sites
     rows = "".join(
-        f"<tr><td style='text-align:right'>{format_bytes(s.live_bytes)}</td>"
-        f"<td style='text-align:right'>{s.live_bytes / report.live_bytes:.0%}</td>"
-        f"<td style='text-align:right'>{s.blocks:,}</td><td><code>{escape(s.label)}</code></td></tr>"
+        f"<tr><td {_NUM}>{format_bytes(s.live_bytes)}</td>"
+        f"<td {_NUM}>{s.live_bytes / report.live_bytes:.0%}</td>"
+        f"<td {_NUM}>{s.blocks:,}</td><td {_CELL}><code>{escape(s.label)}</code></td></tr>"
         for s in report.sites) if report.live_bytes else ""
     if report.rest_sites:
-        rows += (f"<tr><td style='text-align:right'>{format_bytes(report.rest_bytes)}</td><td></td>"
-                 f"<td></td><td>{report.rest_sites} more sites</td></tr>")
+        rows += (f"<tr><td {_NUM}>{format_bytes(report.rest_bytes)}</td><td {_NUM}></td>"
+                 f"<td {_NUM}></td><td {_CELL}>{report.rest_sites} more sites</td></tr>")
+    # every cell padded: classic Notebook 6 gives table cells none ("shareblockssite")
+    head = "".join(f"<th {_NUM}>{h}</th>" for h in ("live", "share", "blocks")) + f"<th {_CELL}>site</th>"
     return (f"<div><b>Who held the memory</b> — live bytes at the OOM by {escape(report.by)}:</div>"
-            "<table class='allocconf-flight-sites' style='font-size:12px'>"
-            "<tr><th>live</th><th>share</th><th>blocks</th><th>site</th></tr>"
-            f"{rows}</table>")
+            "<table class='allocconf-flight-sites' style='font-size:12px;border-collapse:collapse'>"
+            f"<tr>{head}</tr>{rows}</table>")
 
 
 def verdict_html(analysis: FlightAnalysis) -> str:
@@ -116,8 +118,11 @@ class FlightOomView:
         self.segments.add_class("allocconf-flight-map")
         self.verdict = W.HTML(verdict_html(analysis))
         self.verdict.add_class("allocconf-flight-verdict")
-        self.apply_button = W.Button(description="Apply", button_style="success", icon="check",
-                                     disabled=True, layout=W.Layout(display="none"))
+        # never shrunk by the result beside it (Lab cut it to "Apply max_split_", icon above);
+        # no icon: Lab drew its glyph above the text line
+        self.apply_button = W.Button(description="Apply", button_style="success",
+                                     disabled=True, layout=W.Layout(display="none", flex="0 0 auto",
+                                                                    min_width="max-content"))
         self.apply_button.add_class("allocconf-flight-apply")
         self.apply_button.on_click(lambda _b: self.ask())
         # the confirm step: what Apply will change, then a yes
@@ -143,9 +148,6 @@ class FlightOomView:
         self.download_button.on_click(lambda _b: self.open_viewer(html=False))
         self.viewer_status = W.HTML()
         self.viewer_status.add_class("allocconf-flight-viewer-status")
-        # Made when there are links to show, not with the view: classic Notebook 6's ipywidgets-7
-        # manager cannot create an Output model, and one in the tree kept the view from rendering.
-        self.links: Any = None
         # The answer first: the verdict and its Apply button sit right under the breakdown.
         self.widget = W.VBox([
             self.header, self.breakdown, self.verdict, self.apply_button, self.confirm, self.result,
@@ -223,7 +225,7 @@ class FlightOomView:
         return outcome
 
     def open_viewer(self, *, html: bool = True) -> ViewerFiles | None:
-        """Write the pickle (and PyTorch's page); link them below the buttons."""
+        """Write the pickle (and PyTorch's page) into ./allocconf-exports/; link them below."""
         try:
             files = export_for_viewer(self.analysis.capture)
         except OSError as exc:
@@ -231,29 +233,43 @@ class FlightOomView:
                                         f"{escape(str(exc))}</span>")
             return None
         self.files = files
-        lines = [line for line in files.lines if html or "viewer" not in line]
-        if html and files.html is not None:
-            lines.append("open the .html link below in a new tab; offline, use the segment map above")
-        self.viewer_status.value = "<br>".join(escape(line) for line in lines)
-        self._links(files, html=html)
+        lines = [escape(line) for line in files.lines if html or "viewer" not in line]
+        lines += self._links(files, html=html)
+        self.viewer_status.value = "<br>".join(lines)
         return files
 
-    def _links(self, files: ViewerFiles, *, html: bool) -> None:
-        try:
-            from IPython.display import FileLink, display
-        except ImportError:
-            return
+    @staticmethod
+    def _links(files: ViewerFiles, *, html: bool) -> list[str]:
+        """A line per file saying how to get it in this front end (HTML).
+
+        Links are absolute ``<base_url>files/…`` URLs in the status widget itself: Lab,
+        Notebook 7 and classic Notebook 6 serve them, and no ``Output`` widget is needed
+        (classic Notebook 6's ipywidgets 7 could not create one, so it showed no link). The
+        viewer page opens in a new browser tab (``target=_blank``): Lab's own HTML viewer
+        showed it blank behind "Trust HTML". In Colab each file goes through
+        ``google.colab.files.download`` (the click on this view's button started it).
+        """
+        from allocconf_widget.adapters.frontend import download_link
+
         targets = [files.html] if html and files.html is not None else []
         targets.append(files.pickle)
-        if self.links is None:
-            import ipywidgets as W
-
-            self.links = W.Output()
-            self.widget.children = (*self.widget.children, self.links)
-        self.links.clear_output()
-        with self.links:
-            for path in targets:
-                display(FileLink(os.path.relpath(path)))
+        out = []
+        for path in targets:
+            link = download_link(path)
+            name = escape(path.name)
+            if link.url is not None and path.suffix == ".html":
+                out.append(f"<a class='allocconf-flight-link' href='{escape(link.url, quote=True)}' "
+                           f"target='_blank' rel='noopener'>open {name} in a new browser tab</a> "
+                           "(offline, use the segment map above)")
+            elif link.url is not None:
+                out.append(f"<a class='allocconf-flight-link' href='{escape(link.url, quote=True)}' "
+                           f"download='{name}'>download {name}</a>")
+            elif path.suffix == ".html":
+                out.append(f"open {name} in a browser tab{f' ({escape(link.note)})' if link.note else ''}; "
+                           "offline, use the segment map above")
+            elif link.note:
+                out.append(f"{name}: {escape(link.note)}")
+        return out
 
 
 def flight_capture_for_cell(since: float | None) -> OomCapture | None:

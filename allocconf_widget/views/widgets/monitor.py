@@ -349,8 +349,8 @@ class MonitorView:
         found = self.run.segments(device)
         if isinstance(found, str):
             return found
-        segments, title = found
-        self.segments.value = segment_panel_html(segments, device=device, title=title)
+        segments, title, moment = found
+        self.segments.value = segment_panel_html(segments, device=device, title=title, moment=moment)
         return f"{len(segments)} segments shown below"
 
     def _guarded(self, action: Any) -> None:

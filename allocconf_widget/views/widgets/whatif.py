@@ -44,12 +44,12 @@ Run = tuple[str, list[float], list[float], float, bool]  # label, x, reserved, p
 
 
 def _runs(report: SimulationReport, limit: int = 6) -> list[Run]:
-    """The rows the charts draw: the best ``limit``, and always the kernel's own (every row is
-    compared with it)."""
+    """The chart's runs: the ``limit`` best rows, plus this kernel's own setting when it ranks
+    lower (every row is compared with it, so the chart must always show it)."""
     shown = list(report.rows[:limit])
     current = report.current
     if current is not None and current not in shown:
-        shown[-1] = current
+        shown.append(current)
     runs = []
     for row in shown:
         series = row.result.series
@@ -60,28 +60,38 @@ def _runs(report: SimulationReport, limit: int = 6) -> list[Run]:
     return runs
 
 
+#: Width of one character of the charts' 11 px sans-serif labels, rounded up (DejaVu Sans,
+#: the widest common default, averages 6.4 px): labels get the room their text needs.
+_CHAR_PX = 7.0
+
+
 def bars_svg(runs: list[tuple[str, list[float], list[float], float, bool]], width: int = 640) -> str:
-    """Horizontal bars of peak reserved memory per configuration, as inline SVG."""
+    """Horizontal bars of peak reserved memory per configuration, as inline SVG.
+
+    Each label is written whole on its own line above its bar (a setting string cut short
+    reads as another setting); the chart grows wider when a label needs it.
+    """
     top = max([r[3] for r in runs] + [1.0])
-    row, label_w = 22, 250
-    height = row * len(runs) + 10
+    label_h, bar_h, gap, value_w = 14, 14, 6, 110
+    row = label_h + bar_h + gap
+    width = max(width, int(max([len(r[0]) for r in runs] + [0]) * _CHAR_PX) + 20)
+    height = row * len(runs) + 6
     parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
              "style='font:11px sans-serif'>"]
     for i, (label, _xs, _ys, peak, oom) in enumerate(runs):
-        y = 5 + i * row
-        bar = max(1.0, (width - label_w - 90) * peak / top)
+        y = 4 + i * row
+        bar = max(1.0, (width - 10 - value_w) * peak / top)
         color = COLORS["oom"] if oom else COLORS["reserved"]
-        parts.append(f"<text x='{label_w - 6}' y='{y + 14}' text-anchor='end'>"
-                     f"{html.escape(label[:40])}</text>")
-        parts.append(f"<rect x='{label_w}' y='{y + 3}' width='{bar:.1f}' height='{row - 6}' "
+        parts.append(f"<text x='4' y='{y + 11}'>{html.escape(label)}</text>")
+        parts.append(f"<rect x='4' y='{y + label_h}' width='{bar:.1f}' height='{bar_h}' "
                      f"fill='{color}'/>")
-        parts.append(f"<text x='{label_w + bar + 4:.1f}' y='{y + 14}'>"
+        parts.append(f"<text x='{4 + bar + 4:.1f}' y='{y + label_h + 11}'>"
                      f"{'OOM ' if oom else ''}{format_bytes(int(peak))}</text>")
     parts.append("</svg>")
     return "".join(parts)
 
 
-_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
+_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2")
 
 
 def overlay_svg(runs: list[tuple[str, list[float], list[float], float, bool]],
@@ -91,18 +101,20 @@ def overlay_svg(runs: list[tuple[str, list[float], list[float], float, bool]],
     y_max = max([r[3] for r in runs] + [1.0])
     left, bottom, legend_h = 60, 20, 16 * len(runs)
     plot_h = height - bottom - 10
+    legend = [f"— {label}{' (out of memory)' if oom else ''}" for label, _x, _y, _p, oom in runs]
+    width = max(width, int(max([len(t) for t in legend] + [0]) * _CHAR_PX) + left + 10)
     parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height + legend_h}' "
              "style='font:11px sans-serif'>",
              f"<text x='4' y='14'>{format_bytes(int(y_max))}</text>",
              f"<text x='4' y='{plot_h + 10}'>0</text>",
              f"<line x1='{left}' y1='{plot_h + 10}' x2='{width - 10}' y2='{plot_h + 10}' stroke='#999'/>"]
-    for i, (label, xs, ys, _peak, oom) in enumerate(runs):
+    for i, (_label, xs, ys, _peak, _oom) in enumerate(runs):
         color = _PALETTE[i % len(_PALETTE)]
         points = " ".join(f"{left + (width - left - 10) * x / x_max:.1f},"
                           f"{10 + plot_h * (1 - y / y_max):.1f}" for x, y in zip(xs, ys, strict=False))
         parts.append(f"<polyline fill='none' stroke='{color}' stroke-width='1.5' points='{points}'/>")
         parts.append(f"<text x='{left}' y='{height + 12 + 16 * i}' fill='{color}'>"
-                     f"— {html.escape(label[:60])}{' (out of memory)' if oom else ''}</text>")
+                     f"{html.escape(legend[i])}</text>")
     parts.append(f"<text x='{width - 10}' y='{height - 2}' text-anchor='end'>allocator event</text>")
     parts.append("</svg>")
     return "".join(parts)
@@ -265,7 +277,12 @@ class WhatIfView:
         no.add_class("allocconf-whatif-cancel")
         row.yes.on_click(lambda _b: self.apply(row.conf))
         no.on_click(lambda _b: self._hide_confirm(row))
-        row.confirm = W.HBox([row.question, row.yes, no], layout=W.Layout(margin="0 0 0 84px"))
+        # the question on its own line, the buttons below it at their natural width: in one
+        # row the question took the room and ipywidgets 7 cut the buttons ("Apply these setti…")
+        for button in (row.yes, no):
+            button.layout.flex, button.layout.min_width = "0 0 auto", "max-content"
+        row.confirm = W.VBox([row.question, W.HBox([row.yes, no])],
+                             layout=W.Layout(margin="0 0 0 84px"))
         self._lay_out(row)
 
     def _say(self, row: _Row, text: str) -> None:

@@ -1,0 +1,34 @@
+"""A pasted whole variable replaces the staged configuration, and says so (issue 24, item 11)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def ip():
+    pytest.importorskip("IPython")
+    from IPython import get_ipython
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython() or get_ipython()
+    shell.run_line_magic("load_ext", "allocconf_widget")
+    yield shell
+    shell.run_line_magic("allocconf", "discard")
+    shell.run_line_magic("unload_ext", "allocconf_widget")
+
+
+def test_a_pasted_variable_replaces_what_was_staged(ip, capsys):
+    ip.run_line_magic("allocconf", "set max_split_size_mb=256")
+    capsys.readouterr()
+    staged = ip.run_line_magic("allocconf", "-r set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    out = capsys.readouterr().out
+    assert staged.to_string() == "expandable_segments:True"
+    assert "replacing the staged max_split_size_mb:256" in out
+    assert "max_split_size_mb together with expandable_segments" not in out  # no mix, no warning
+
+
+def test_options_typed_one_by_one_still_add_up(ip, capsys):
+    ip.run_line_magic("allocconf", "set max_split_size_mb=256")
+    staged = ip.run_line_magic("allocconf", "-r set roundup_power2_divisions=4")
+    assert staged.to_string() == "max_split_size_mb:256,roundup_power2_divisions:4"

@@ -1,0 +1,45 @@
+"""A mistyped subcommand gets "did you mean", as a mistyped option name does (issue 24, item 12)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.fixture
+def ip():
+    pytest.importorskip("IPython")
+    from IPython import get_ipython
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython() or get_ipython()
+    shell.run_line_magic("load_ext", "allocconf_widget")
+    yield shell
+    shell.run_line_magic("unload_ext", "allocconf_widget")
+
+
+@pytest.mark.parametrize(("typed", "meant"), [("sett max_split_size_mb=256", "set"), ("shwo", "show"),
+                                              ("simulte --demo", "simulate")])
+def test_the_magic_suggests_the_subcommand(ip, typed, meant):
+    from IPython.core.error import UsageError
+
+    with pytest.raises(UsageError, match=rf"invalid choice: '{typed.split()[0]}'.*did you mean {meant}\?"):
+        ip.run_line_magic("allocconf", typed)
+
+
+def test_a_word_close_to_nothing_gets_no_guess(ip):
+    from IPython.core.error import UsageError
+
+    with pytest.raises(UsageError) as info:
+        ip.run_line_magic("allocconf", "xyzzy")
+    assert "did you mean" not in str(info.value)
+
+
+def test_the_cli_suggests_the_subcommand():
+    run = subprocess.run([sys.executable, "-m", "allocconf_widget", "simulat", "--demo"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 2
+    assert "did you mean simulate?" in run.stderr
+    assert "Traceback" not in run.stderr

@@ -1,0 +1,51 @@
+"""The What-if charts (issue 24, items 2 and 6), without a browser: they always draw this
+kernel's own setting, and every label is written whole. The browser tests measure the same
+in the page (tests/e2e/test_nothing_cut_off_browser.py, test_classic_notebook.py)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+
+
+@pytest.fixture(scope="module")
+def recommendation():
+    from allocconf_widget.app.session import get_session
+    from allocconf_widget.app.simulate import SimulationRequest, simulate, trace_source
+    from allocconf_widget.core.config.conf import parse_conf
+
+    # the bundled recording ranks max_split_size_mb:128 last of 10
+    return simulate(trace_source(get_session(), demo=True),
+                    SimulationRequest(rank=True, kernel=parse_conf("max_split_size_mb:128", warn=False)))
+
+
+def _texts(svg: str) -> list[str]:
+    return re.findall(r"<text[^>]*>([^<]*)</text>", svg)
+
+
+def test_the_charts_draw_this_kernels_setting_even_when_it_ranks_last(recommendation):
+    from allocconf_widget.views.widgets.whatif import _runs, bars_svg, overlay_svg
+
+    assert recommendation.rows[-1].is_current  # the case of the issue
+    runs = _runs(recommendation)
+    assert len(runs) == 7 and runs[-1][0] == "max_split_size_mb:128 (this kernel)"
+    assert "max_split_size_mb:128 (this kernel)" in _texts(bars_svg(runs))
+    assert "— max_split_size_mb:128 (this kernel)" in _texts(overlay_svg(runs))
+    colors = re.findall(r"stroke='(#[0-9a-f]{6})' stroke-width", overlay_svg(runs))
+    assert len(set(colors)) == 7  # a line of its own colour
+
+
+def test_labels_are_whole_and_the_chart_grows_to_hold_them():
+    from allocconf_widget.views.widgets.whatif import bars_svg, overlay_svg
+
+    long = "backend:cudaMallocAsync,expandable_segments:True,garbage_collection_threshold:0.6"
+    runs = [(long, [0.0, 1.0], [1.0, 2.0], 2.0, False),
+            ("(torch defaults)", [0.0, 1.0], [1.0, 3.0], 3.0, True)]
+    bars, lines = bars_svg(runs), overlay_svg(runs)
+    assert long in _texts(bars) and f"— {long}" in _texts(lines)
+    for svg in (bars, lines):
+        width = int(re.search(r"width='(\d+)'", svg).group(1))
+        assert width >= 7 * len(long)
