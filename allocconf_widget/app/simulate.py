@@ -69,7 +69,13 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
         if used:
             notes.append(f"from the recording's sidecar {known.path.name}: {' and '.join(used)}; "
                          "the option in brackets overrides it")
-    return TraceSource(snapshot, path, torch_version, device_total, non_pytorch_bytes, device,
+    label = path
+    from allocconf_widget.core.dryrun_facts import GAPS, LABEL, SNAPSHOT_MARK
+
+    if isinstance(snapshot.get(SNAPSHOT_MARK), dict):  # written by app/dryrun: an estimate
+        label = f"{path} ({LABEL})"
+        notes.extend(GAPS)
+    return TraceSource(snapshot, label, torch_version, device_total, non_pytorch_bytes, device,
                        tuple(notes))
 
 
@@ -149,6 +155,9 @@ def trace_source(session: Any, path: str | None = None, demo: bool = False) -> T
         return TraceSource(rec.snapshot, "the last %%allocconf record",
                            _release(rec.torch_version), rec.device_total,
                            max((rec.device_total or 0) - (rec.free_at_start or 0) - held, 0))
+    dry = session.extras.get("dryrun")  # app/dryrun.DRYRUN_KEY: an estimate, labelled so
+    if dry is not None and not demo:
+        return dry.source()  # type: ignore[no-any-return]
     from allocconf_widget.core.memory.recording import load_demo
 
     demo_rec = load_demo()
@@ -278,7 +287,10 @@ class TraceCache:
 
 def _source_key(session: Any) -> Any:
     rec = session.extras.get(RECORDING_KEY)
-    return ("recording", id(rec)) if rec is not None and rec.snapshot is not None else ("demo",)
+    if rec is not None and rec.snapshot is not None:
+        return ("recording", id(rec))
+    dry = session.extras.get("dryrun")
+    return ("dryrun", id(dry)) if dry is not None else ("demo",)
 
 
 # ---------------------------------------------------------------- one simulation, every front end

@@ -21,7 +21,7 @@ from allocconf_widget._errors import AllocConfError, RuntimeStateError, Snapshot
 from allocconf_widget.views.magic import core as magic_core
 from allocconf_widget.views.magic.completion import register_completer, split_args
 
-_PLUGIN_MODULES = ("monitor", "simulate", "ranks", "flight")
+_PLUGIN_MODULES = ("monitor", "simulate", "ranks", "flight", "dryrun")
 
 
 @dataclass
