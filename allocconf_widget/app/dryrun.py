@@ -12,12 +12,13 @@ setting and GPU. docs/dryrun.md says what a dry run cannot see and how far it wa
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from allocconf_widget._errors import AllocConfError, RuntimeStateError
+from allocconf_widget._errors import AllocConfError, AllocConfWarning, RuntimeStateError
 from allocconf_widget.core.dryrun_facts import GAPS, LABEL, SNAPSHOT_MARK
 from allocconf_widget.core.gpu_profiles import GpuProfile, profile
 from allocconf_widget.core.units import format_bytes
@@ -249,7 +250,9 @@ def predict(trace_or_run: Any, conf: str = "", gpu: str | GpuProfile | None = No
             from allocconf_widget.core.versions import parse_version
 
             version = parse_version("2.11")
-    settings = SimSettings.from_string(conf, version)
+    with warnings.catch_warnings():  # a slider position is not the place for advice (the panel has it)
+        warnings.simplefilter("ignore", AllocConfWarning)
+        settings = SimSettings.from_string(conf, version)
     result = simulate(decoded, settings, device_total=total, non_pytorch_bytes=outside,
                       series_points=2)
     usable = (total or 0) - outside
