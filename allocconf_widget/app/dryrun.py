@@ -333,3 +333,66 @@ def plan_batch(step: Callable[[int], Any], sizes: Iterable[int], *,
             break
     tried = tuple(s for s in order if any(c.batch == s for c in cells))
     return BatchPlan(tried, tuple(confs), tuple(p.name for p in profiles), tuple(cells), tuple(notes))
+
+
+# ---------------------------------------------------------------- close the loop
+
+#: the settings an estimate is checked under by default (those docs/dryrun.md measured)
+CHECK_SETTINGS = ("", "expandable_segments:True", "max_split_size_mb:128", "roundup_power2_divisions:4")
+
+
+@dataclass(frozen=True)
+class EstimateRow:
+    """One setting: the dry run's estimate beside the replay of the real recording."""
+
+    conf: str
+    estimated: int  # peak reserved predicted from the dry run
+    recorded: int  # peak reserved of the recording replayed under the same setting
+
+    @property
+    def error(self) -> float:
+        """(estimate − recording) / recording: negative when the dry run was low."""
+        return (self.estimated - self.recorded) / self.recorded if self.recorded else 0.0
+
+
+@dataclass(frozen=True)
+class EstimateCheck:
+    """How far a dry run's estimate was from the run recorded later, per setting."""
+
+    rows: tuple[EstimateRow, ...]
+    gpu: str
+
+    @property
+    def ranking_agrees(self) -> bool:
+        """The settings rank the same by the estimate as by the recording."""
+        def order(key: Callable[[EstimateRow], int]) -> list[str]:
+            return [r.conf for r in sorted(self.rows, key=lambda r: (key(r), r.conf))]
+
+        return order(lambda r: r.estimated) == order(lambda r: r.recorded)
+
+    def worst(self) -> EstimateRow:
+        return max(self.rows, key=lambda r: abs(r.error))
+
+
+def compare_estimate(dry: DryRunResult, recording: TraceSource, confs: Sequence[str] = CHECK_SETTINGS,
+                     *, trace: Any = None) -> EstimateCheck:
+    """Each setting's peak reserved from the dry run beside the real recording's replay (the
+    replay of a recorded trace is exact within 2 % on held-out code: docs/simulator.md), on
+    the recording's GPU. ``trace`` is the recording's decoded trace, if the caller has it.
+
+    Raises:
+        AllocConfError: a setting is not valid.
+    """
+    total = recording.device_total or dry.gpu.total_bytes
+    outside = recording.non_pytorch_bytes
+    if outside is None:
+        outside = dry.gpu.context_bytes
+    gpu = GpuProfile("recorded", "the recorded GPU", total, outside, dry.gpu.capability,
+                     dry.gpu.multiprocessors)
+    if trace is None:
+        from allocconf_widget.core.sim.trace import extract_trace
+
+        trace = extract_trace(recording.snapshot, recording.device)
+    rows = tuple(EstimateRow(conf, predict(dry, conf, gpu).peak_reserved,
+                             predict(recording, conf, trace=trace).peak_reserved) for conf in confs)
+    return EstimateCheck(rows, gpu.name)

@@ -88,3 +88,43 @@ def test_a_data_dependent_cell_stops_naming_its_line(ip):
     with pytest.raises(UsageError, match=r"if out.sum\(\) > 0:"):
         ip.run_cell_magic("allocconf", "dryrun --gpu t4",
                           "out = torch.randn(4, device='cuda')\nif out.sum() > 0:\n    pass\n")
+
+
+def test_a_recording_after_a_dryrun_says_how_far_the_estimate_was(ip, capsys):
+    """What ``%%allocconf record`` prints after a dry run (the GPU part, recording, cannot run
+    here: the bundled H200 recording stands in for it, in the session where record keeps it)."""
+    from types import SimpleNamespace
+
+    from allocconf_widget.app.session import get_session
+    from allocconf_widget.app.simulate import RECORDING_KEY
+    from allocconf_widget.core.memory.recording import load_demo
+    from allocconf_widget.views.magic.dryrun import report_estimate
+
+    ip.run_cell_magic("allocconf", "dryrun --gpu h200", CELL)
+    capsys.readouterr()
+    demo = load_demo()
+    session = get_session(ip)
+    session.extras[RECORDING_KEY] = SimpleNamespace(
+        snapshot=demo.snapshot(), torch_version=demo.torch_version, device_total=demo.device_total_bytes,
+        free_at_start=demo.free_at_start_bytes)
+    check = report_estimate(SimpleNamespace(session=session))
+    out = capsys.readouterr().out
+    assert "How far the dry run's estimate was from this recording" in out
+    assert [r.conf for r in check.rows] == ["", "expandable_segments:True", "max_split_size_mb:128",
+                                            "roundup_power2_divisions:4"]
+    # a small MLP against a CNN recording: the estimate is far below, and says so
+    assert all(r.error < -0.5 for r in check.rows)
+    assert "ranking of the settings:" in out
+
+
+def test_plan_chart_draws_one_line_per_setting_and_the_usable_memory(ip, capsys):
+    from allocconf_widget.views.charts.dryrun import plan_figure
+
+    ip.run_cell_magic("allocconf", "dryrun --gpu t4", CELL)
+    plan = ip.run_line_magic("allocconf", "-r plan BATCH 1024 65536 --gpu t4")
+    capsys.readouterr()
+    fig = plan_figure(plan)
+    names = [trace.name for trace in fig.data]
+    assert names == ["(torch defaults)", "expandable_segments:True"]
+    assert list(fig.data[0].x) == [1024, 65536]
+    assert any("usable" in (a.text or "") for a in fig.layout.annotations)

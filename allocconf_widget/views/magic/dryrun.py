@@ -38,6 +38,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--gpu", action="append", help="GPU profile(s) (default: t4)")
     p.add_argument("--conf", action="append", help="settings to compare (default: defaults and "
                    "expandable_segments:True)")
+    p.add_argument("--chart", action="store_true", help="also draw peak reserved vs batch size")
     p.set_defaults(handler=run_plan)
 
 
@@ -120,4 +121,31 @@ def run_plan(args: argparse.Namespace, ctx: Any) -> Any:
     plan = plan_batch(step, args.sizes, confs=tuple(args.conf or ("", "expandable_segments:True")),
                       gpus=tuple(args.gpu or ("t4",)))
     print(render_plan(plan), end="")
+    if args.chart:
+        from IPython.display import display
+
+        from allocconf_widget.views.charts.dryrun import plan_figure
+
+        display(plan_figure(plan))
     return plan
+
+
+def report_estimate(ctx: Any) -> Any:
+    """After ``%%allocconf record``: how far the last dry run's estimate was from the recording,
+    per setting (nothing when there was no dry run). Never raises: recording must not fail
+    because of a comparison."""
+    dry = ctx.session.extras.get(DRYRUN_KEY)
+    if dry is None:
+        return None
+    from allocconf_widget.app.dryrun import compare_estimate
+    from allocconf_widget.app.simulate import trace_source
+    from allocconf_widget.views.text.dryrun import render_estimate_check
+
+    try:
+        check = compare_estimate(dry, trace_source(ctx.session))
+    except Exception as exc:  # a comparison must never break recording
+        print(f"note: the dry run's estimate could not be compared with this recording ({exc})")
+        return None
+    print(render_estimate_check(check), end="")
+    ctx.session.extras["dryrun_check"] = check
+    return check

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from allocconf_widget.app.dryrun import BatchPlan
+from allocconf_widget.app.dryrun import BatchPlan, EstimateCheck
 from allocconf_widget.core.units import format_bytes
 from allocconf_widget.views.text.table import aligned_table
 
@@ -34,4 +34,17 @@ def render_plan(plan: BatchPlan) -> str:
     errors = {c.error for c in plan.cells if c.error}
     lines += [f"note: {e}" for e in sorted(errors)]
     lines += [f"note: {n}" for n in plan.notes]
+    return "\n".join(lines) + "\n"
+
+
+def render_estimate_check(check: EstimateCheck) -> str:
+    """The dry run's estimate beside the recorded run, per setting, and whether the ranking held."""
+    rows = [["setting", "dry run (estimate)", "recorded (replayed)", "error"]]
+    rows += [[r.conf or "(torch defaults)", format_bytes(r.estimated), format_bytes(r.recorded),
+              f"{100 * r.error:+.1f}%"] for r in check.rows]
+    worst = check.worst()
+    lines = ["How far the dry run's estimate was from this recording (peak reserved):",
+             *aligned_table(rows, indent="  "),
+             f"  ranking of the settings: {'the same' if check.ranking_agrees else 'DIFFERENT'}; "
+             f"largest error {100 * worst.error:+.1f}% ({worst.conf or '(torch defaults)'})"]
     return "\n".join(lines) + "\n"
