@@ -38,6 +38,8 @@ from allocconf_widget.core.gpu_profiles import GpuProfile
 #: so every free names exactly one allocation)
 _BASE_ADDRESS = 0x7F00_0000_0000
 _ALIGN = 512
+#: the oldest torch 2.x the dry run accepts (older fake-tensor modes lack what it uses)
+MIN_TORCH_MINOR = 4
 #: what a float the dry run cannot know reads as (``loss.item()``)
 PLACEHOLDER = 1.0
 
@@ -437,6 +439,11 @@ class DryRun:
     def __enter__(self) -> DryRun:
         import torch  # the user's step needs it anyway; importing it fixes only `backend`
 
+        from allocconf_widget.core.versions import parse_version
+
+        if parse_version(str(torch.__version__)) < (2, MIN_TORCH_MINOR):
+            raise DryRunError(f"a dry run needs torch 2.{MIN_TORCH_MINOR} or newer (fake CUDA "
+                              f"tensors; verified on 2.11 and 2.13); this is {torch.__version__}")
         self._torch = torch
         self._was_initialized = tp.cuda_initialized(torch)
         self._conf = _env_conf()

@@ -244,3 +244,13 @@ def test_the_whatif_replays_a_dry_run_labelled_an_estimate():
     assert any("fake CUDA tensors" in n for n in report.notes)
     assert report.device_total == profile("l4").total_bytes
     assert report.rows
+
+
+def test_without_a_gpu_visible_to_nvml_the_prediction_is_for_a_t4_and_says_so():
+    from allocconf_widget.adapters.nvml import runtime_profile
+    from allocconf_widget.app.dryrun import resolve_gpu
+
+    if runtime_profile() is not None:
+        pytest.skip("this machine has a GPU NVML sees")
+    gpu, note = resolve_gpu(None)
+    assert gpu.key == "t4" and note is not None and "pass gpu=" in note
