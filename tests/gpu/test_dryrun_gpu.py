@@ -71,7 +71,13 @@ def assert_settings_still_open(out: dict) -> None:
     assert out["expandable_segment"] is True, out
 
 
-@pytest.mark.parametrize("workload", ["lm", "resnet18", "llama", "timm_vit", "lightning"])
+_CNN_FREEZES = pytest.mark.xfail(
+    strict=True, reason="measured on the H200 (torch 2.11): after a ResNet-18 dry run the allocator "
+    "settings were frozen although CUDA was not initialised; cause not found yet (docs/dryrun.md)")
+
+
+@pytest.mark.parametrize("workload", ["lm", pytest.param("resnet18", marks=_CNN_FREEZES), "llama",
+                                      "timm_vit", "lightning"])
 def test_dry_run_of_a_training_step_leaves_the_settings_open(workload):
     if workload in ("llama",):
         pytest.importorskip("transformers")
