@@ -8,7 +8,7 @@ setting) real vs predicted, the error, whether the ranking of settings agrees, a
 batch planner's check under a memory fraction that emulates a T4 (the largest batch it
 predicts must fit for real, the next size up must run out)::
 
-    python3 benchmarks/gpu/bench_dryrun.py --out results/            # everything (≈ 4 min, H200)
+    python3 benchmarks/gpu/bench_dryrun.py --out results/ --jobs 8   # everything (81 s on an H200)
     python3 benchmarks/gpu/bench_dryrun.py --workloads lm,resnet18 --no-plan
 
 Targets (issue 21): the ranking matches; peak within 10 % on ≥ 90 % of pairs (aim 5 %).
