@@ -86,3 +86,4 @@ _.differences
 _._repr_html_  # views/text/simulate.SimulationDisplay: IPython calls it to show the HTML table
 _.flex  # ipywidgets Layout trait (views/widgets/whatif.py confirmation buttons)
 _.min_width
+_.cuda_was_initialized  # adapters/dryrun.DryRunTrace: part of the trace's record (also noted in its notes)

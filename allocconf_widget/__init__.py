@@ -19,6 +19,7 @@ __all__ = [
     "AllocConfWarning",
     "SnapshotError",
     "__version__",
+    "dry_run",
     "load_ipython_extension",
     "parse_conf",
     "rank_reporter",
@@ -63,3 +64,17 @@ def rank_reporter(rank: int | None = None, *, interval: float = 0.5,
     from allocconf_widget.adapters.rank_channel import start_reporter
 
     return start_reporter(rank=rank, interval=interval, devices=devices)
+
+
+def dry_run(gpu: Any = None, *, rules: bool = True) -> Any:
+    """Predict a step's GPU memory before CUDA starts: ``with allocconf_widget.dry_run() as run:``.
+
+    The block runs on fake CUDA tensors (no GPU memory, CUDA never starts, so every allocator
+    setting stays open); afterwards ``run.predict("expandable_segments:True")``,
+    ``run.save("step.pickle")`` (``allocconf simulate`` replays it). ``gpu``: ``"t4"``,
+    ``"l4"``, ``"a100-40"``, ``"a100-80"``, ``"h100"``, ``"h200"``, or None for this runtime's
+    GPU. See docs/dryrun.md.
+    """
+    from allocconf_widget.app.dryrun import dry_run as start
+
+    return start(gpu, rules=rules)

@@ -12,6 +12,10 @@ import functools
 import os
 from dataclasses import dataclass
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from allocconf_widget.core.gpu_profiles import GpuProfile
 
 
 @dataclass(frozen=True)
@@ -78,3 +82,14 @@ def process_used_bytes(index: int, pid: int | None = None) -> int | None:
     except Exception:
         return None
     return None
+
+
+def runtime_profile(index: int = 0) -> GpuProfile | None:
+    """The GPU this runtime has, as a dry-run profile (NVML only: CUDA does not start)."""
+    from allocconf_widget.core.gpu_profiles import match_name
+
+    found = gpus()
+    if not found or not 0 <= index < len(found):
+        return None
+    info = found[index]
+    return match_name(info.name, info.total_bytes)

@@ -430,3 +430,152 @@ def memory_viz_html(torch: ModuleType, snapshot: Any, kind: str) -> str:
         if kind == "segments":
             return str(viz.segment_plot(snapshot))
         return str(viz.trace_plot(snapshot))
+
+
+# ---------------------------------------------------------------- the dry run (fake CUDA tensors)
+# adapters/dryrun.py runs user code on FakeTensorMode's fake "cuda" tensors; the fake-tensor
+# machinery is private, so every name it needs is reached through here.
+
+def fake_cuda_mode() -> Any:
+    """A ``FakeTensorMode`` that turns real tensors it meets into fakes (a model built on the CPU
+    before the dry run can be moved to "cuda" inside it)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def dispatch_mode_base() -> type:
+    """``TorchDispatchMode``: sees every aten op after autograd, with its outputs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
+
+
+def function_mode_base(torch: ModuleType) -> type:
+    """``TorchFunctionMode``: sees every torch call before C++ dispatch (``Tensor.item`` …)."""
+    mode: type = torch.overrides.TorchFunctionMode
+    return mode
+
+
+def data_dependent_errors() -> tuple[type[BaseException], ...]:
+    """The errors fake tensors raise where an op needs real values (``.item()``, ``nonzero``)."""
+    from torch._subclasses import fake_tensor
+
+    names = ("DataDependentOutputException", "DynamicOutputShapeException")
+    found: list[type[BaseException]] = [getattr(fake_tensor, n) for n in names if hasattr(fake_tensor, n)]
+    try:
+        from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+        found.append(GuardOnDataDependentSymNode)
+    except ImportError:
+        pass
+    return tuple(found)
+
+
+def is_fake_tensor(value: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(value, FakeTensor)
+
+
+def tree_leaves(value: Any) -> list[Any]:
+    from torch.utils._pytree import tree_leaves as leaves
+
+    return list(leaves(value))
+
+
+class GpuContextInitBlocked:
+    """While entered, fake CUDA tensors do not run ``torch.empty(1, device="cuda")``.
+
+    ``FakeTensor.__new__`` calls ``fake_tensor.init_gpu_context`` the first time it makes a
+    CUDA fake, which starts CUDA and freezes the allocator settings (docs/dryrun.md).
+    """
+
+    def __init__(self) -> None:
+        from torch._subclasses import fake_tensor
+
+        self._module: Any = fake_tensor
+        self._saved: Any = None
+
+    def __enter__(self) -> GpuContextInitBlocked:
+        self._saved = getattr(self._module, "init_gpu_context", None)
+        if self._saved is not None:
+            self._module.init_gpu_context = _no_gpu_context
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._saved is not None:
+            self._module.init_gpu_context = self._saved
+
+
+def _no_gpu_context(*_args: Any) -> None:
+    return None
+
+
+class FakeParameterSwaps:
+    """While entered, ``Module.to("cuda")`` / ``to_empty`` can move fake parameters.
+
+    ``Module._apply`` swaps a fake parameter with its moved copy (``torch.utils.swap_tensors``),
+    which refuses a tensor that has a weakref; an ``nn.Parameter`` made of a fake tensor
+    always has one (the fake mode's weak-valued describer map, measured on torch 2.13). For
+    fake tensors only, the check is skipped: that map holds ids of tensors the dry run never
+    looks up again.
+    """
+
+    def __init__(self, torch: ModuleType) -> None:
+        self._utils = torch.utils
+        self._saved: Any = None
+
+    def __enter__(self) -> FakeParameterSwaps:
+        import weakref
+
+        self._saved = getattr(self._utils, "weakref", None)
+        if self._saved is weakref:
+            self._utils.weakref = _FakeAwareWeakref(weakref)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._saved is not None:
+            self._utils.weakref = self._saved
+
+
+class _FakeAwareWeakref:
+    def __init__(self, module: ModuleType) -> None:
+        self._module = module
+
+    def getweakrefs(self, obj: Any) -> list[Any]:
+        if type(obj).__name__ == "FakeTensor" or getattr(obj, "fake_mode", None) is not None:
+            return []
+        return list(self._module.getweakrefs(obj))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+
+class FakeForeachDefault:
+    """While entered, optimizers pick their CUDA default (foreach) for fake CUDA parameters.
+
+    ``torch.optim`` uses the foreach implementation only for parameters whose type is in
+    ``optimizer._foreach_supported_types`` (Tensor, Parameter); a fake parameter's type is
+    ``FakeTensor``, so without this the dry run would take the single-tensor path, whose
+    temporaries differ from what the GPU run allocates.
+    """
+
+    def __init__(self, torch: ModuleType) -> None:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        self._fake = FakeTensor
+        self._types: Any = getattr(getattr(torch.optim, "optimizer", None), "_foreach_supported_types",
+                                   None)
+        self._added = False
+
+    def __enter__(self) -> FakeForeachDefault:
+        if isinstance(self._types, list) and self._fake not in self._types:
+            self._types.append(self._fake)
+            self._added = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._added:
+            self._types.remove(self._fake)
+            self._added = False

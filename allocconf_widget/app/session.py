@@ -37,6 +37,7 @@ from allocconf_widget.core.config.plan import OptionPlan
 
 if TYPE_CHECKING:
     from allocconf_widget.adapters.recorder import CellRecording
+    from allocconf_widget.app.dryrun import DryRunCell, DryRunResult
     from allocconf_widget.core.config.readback import ReadBack
 
 Listener = Callable[[], None]
@@ -186,7 +187,9 @@ class Session:
         self.last_outcome: ApplyOutcome | None = None  # the last Apply, whoever made it
         self._listeners: list[Listener] = []
         self._recording: CellRecording | None = None
-        self._recording_token = 0  # bumped by every new recording: cache keys never repeat
+        self._recording_token = 0  # bumped by every new recording or dry run: keys never repeat
+        self._dry_run: DryRunResult | None = None
+        self.dry_run_cell: DryRunCell | None = None  # what ``%allocconf plan`` re-runs
         from allocconf_widget.app.simulate import TraceCache
 
         self.trace_cache = TraceCache()  # the What-if's decoded trace, shared by its tabs
@@ -208,11 +211,27 @@ class Session:
             self._recording_token += 1
         self._notify()
 
+    @property
+    def dry_run(self) -> DryRunResult | None:
+        """The last ``%%allocconf dryrun`` (replayed when there is no recording; an estimate)."""
+        with self.lock:
+            return self._dry_run
+
+    def set_dry_run(self, result: DryRunResult, cell: DryRunCell | None = None) -> None:
+        """Keep ``result`` (and the cell that made it, for the batch planner); views re-render."""
+        with self.lock:
+            self._dry_run = result
+            self.dry_run_cell = cell if cell is not None else self.dry_run_cell
+            self._recording_token += 1
+        self._notify()
+
     def recording_key(self) -> tuple[str, int]:
         """An identity for the trace source that is never reused (unlike ``id()``)."""
         with self.lock:
             if self._recording is not None and self._recording.snapshot is not None:
                 return ("recording", self._recording_token)
+            if self._dry_run is not None:
+                return ("dryrun", self._recording_token)
             return ("demo", 0)
 
     # -- observation -----------------------------------------------------------

@@ -76,7 +76,13 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
         if used:
             notes.append(f"from the recording's sidecar {known.path.name}: {' and '.join(used)}; "
                          "the option in brackets overrides it")
-    return TraceSource(snapshot, path, torch_version, device_total, non_pytorch_bytes, device,
+    label = path
+    from allocconf_widget.core.dryrun_facts import GAPS, LABEL, SNAPSHOT_MARK
+
+    if isinstance(snapshot.get(SNAPSHOT_MARK), dict):  # written by app/dryrun: an estimate
+        label = f"{path} ({LABEL})"
+        notes.extend(GAPS)
+    return TraceSource(snapshot, label, torch_version, device_total, non_pytorch_bytes, device,
                        tuple(notes))
 
 
@@ -123,11 +129,20 @@ def _non_pytorch(source: TraceSource, trace: Trace, notes: list[str]) -> int:
     return estimate.bytes
 
 
+class DryRunSource(Protocol):
+    """A dry run's estimate (``app/dryrun.DryRunResult``), as a trace to replay."""
+
+    def source(self) -> TraceSource: ...
+
+
 class RecordingHolder(Protocol):
-    """What a trace source needs of the Session: its last recording and that recording's key."""
+    """What a trace source needs of the Session: its last recording or dry run, and their key."""
 
     @property
     def recording(self) -> CellRecording | None: ...
+
+    @property
+    def dry_run(self) -> DryRunSource | None: ...
 
     def recording_key(self) -> tuple[str, int]: ...
 
@@ -147,6 +162,9 @@ def trace_source(session: RecordingHolder, path: str | None = None, demo: bool =
         return TraceSource(rec.snapshot, "the last %%allocconf record",
                            recorded_release(rec.torch_version), rec.device_total,
                            max((rec.device_total or 0) - (rec.free_at_start or 0) - held, 0))
+    dry = session.dry_run  # an estimate, labelled so
+    if dry is not None and not demo:
+        return dry.source()
     from allocconf_widget.core.memory.recording import load_demo
 
     demo_rec = load_demo()

@@ -176,7 +176,7 @@ _PROBES = {"import_module", "find_spec", "__import__", "get"}
 
 #: Known, listed for issue 20's rewrite of the monitor (app/monitor.py chooses live vs replay):
 #: to be emptied there, not added to.
-VIEW_KNOWN = {"widgets/monitor.py:find_spec('torch')"}
+VIEW_KNOWN: set[str] = set()  # none left: the monitor's GPU check moved to app/monitor
 
 
 def _banned(name: str) -> bool:

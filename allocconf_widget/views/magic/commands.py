@@ -7,7 +7,7 @@ the import.
 
 from __future__ import annotations
 
-from allocconf_widget.views.magic import core, flight, monitor, ranks, simulate
+from allocconf_widget.views.magic import core, dryrun, flight, monitor, ranks, simulate
 from allocconf_widget.views.magic.context import CommandModule
 
-COMMANDS: tuple[CommandModule, ...] = (core, monitor, simulate, ranks, flight)
+COMMANDS: tuple[CommandModule, ...] = (core, monitor, simulate, ranks, flight, dryrun)

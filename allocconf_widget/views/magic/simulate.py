@@ -83,6 +83,9 @@ def run_record(args: argparse.Namespace, ctx: MagicContext) -> Any:
           "Next: %allocconf simulate, or the panel's What if? tab.")
     for note in rec.notes:
         print(f"note: {note}")
+    from allocconf_widget.views.magic.dryrun import report_estimate
+
+    report_estimate(ctx)  # a dry run before it: how far its estimate was
     return rec
 
 

@@ -1,0 +1,407 @@
+"""Predict before CUDA starts: dry-run the user's step, then replay it under any setting.
+
+``allocconf_widget.dry_run()`` and ``%%allocconf dryrun`` run the user's unchanged code on
+fake CUDA tensors (:mod:`allocconf_widget.adapters.dryrun`) and give a :class:`DryRunResult`:
+a trace in torch's snapshot format that ``allocconf simulate``, ``%allocconf simulate`` and
+the What if? tab replay like a recording, labelled "dry run (estimate)". :func:`predict`
+answers one setting on one GPU (peak reserved, fits or not) fast enough for a slider, and
+:func:`plan_batch` dry-runs several batch sizes and reports the largest predicted to fit per
+setting and GPU. docs/dryrun.md says what a dry run cannot see and how far it was measured.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from allocconf_widget._errors import AllocConfError, AllocConfWarning, RuntimeStateError
+from allocconf_widget.core.dryrun_facts import GAPS, LABEL, SNAPSHOT_MARK
+from allocconf_widget.core.gpu_profiles import GpuProfile, profile
+from allocconf_widget.core.units import format_bytes
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from allocconf_widget.adapters.dryrun import DryRunTrace
+    from allocconf_widget.app.simulate import TraceSource
+
+
+
+def resolve_gpu(gpu: str | GpuProfile | None) -> tuple[GpuProfile, str | None]:
+    """The profile to predict for, and a note when it was chosen for the user.
+
+    None: the GPU this runtime has (NVML; CUDA does not start), else a T4 (Colab's free GPU).
+    """
+    if isinstance(gpu, GpuProfile):
+        return gpu, None
+    if gpu is not None:
+        return profile(gpu), None
+    from allocconf_widget.adapters.nvml import runtime_profile
+
+    found = runtime_profile()
+    if found is not None:
+        return found, None
+    return profile("t4"), "no GPU visible to NVML: predicting for a Tesla T4 (pass gpu= to choose)"
+
+
+@dataclass(frozen=True)
+class DryRunCell:
+    """The cell a dry run ran, as the batch planner re-runs it with each size."""
+
+    code: str
+    gpu: str | None
+
+
+@dataclass
+class DryRunResult:
+    """One dry run: its trace, the GPU it predicts for, and what it cannot see."""
+
+    trace: DryRunTrace
+    gpu: GpuProfile
+    notes: tuple[str, ...] = ()
+    _decoded: Any = field(default=None, repr=False, compare=False)
+
+    # ------------------------------------------------------------- the trace as a snapshot
+    def snapshot(self) -> dict[str, Any]:
+        """The trace as ``torch.cuda.memory._snapshot()`` lays it out (device 0, no segments:
+        the replay makes its own), with the settings the environment held as "recorded"."""
+        return {
+            "segments": [],
+            "device_traces": [list(self.trace.entries)],
+            "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": self.trace.conf_text},
+            SNAPSHOT_MARK: {"gpu": self.gpu.key, "gpu_name": self.gpu.name,
+                            "torch": self.trace.torch_version, "ops": self.trace.ops,
+                            "notes": list(self.all_notes())},
+        }
+
+    def all_notes(self) -> tuple[str, ...]:
+        return (*self.notes, *self.trace.notes)
+
+    def source(self) -> TraceSource:
+        """What the what-if replays: labelled an estimate, on this GPU's usable memory."""
+        from allocconf_widget.app.simulate import TraceSource, recorded_release
+
+        return TraceSource(self.snapshot(), f"a {LABEL} of your step on {self.gpu.name}",
+                           recorded_release(self.trace.torch_version), self.gpu.total_bytes,
+                           self.gpu.context_bytes, notes=(*GAPS, *self.all_notes()))
+
+    def decoded(self) -> Any:
+        """The decoded trace (once): every :func:`predict` on this run shares it."""
+        if self._decoded is None:
+            from allocconf_widget.core.sim.trace import extract_trace
+
+            self._decoded = extract_trace(self.snapshot())
+        return self._decoded
+
+    def save(self, path: str | Path) -> Path:
+        """Write the snapshot (``allocconf simulate PATH`` replays it; pytorch.org/memory_viz
+        opens it) and a JSON sidecar with the GPU's memory and the torch release.
+
+        Raises:
+            SnapshotError: the file cannot be written.
+        """
+        from allocconf_widget.core.memory.snapshot import save_snapshot
+
+        target = Path(path)
+        save_snapshot(self.snapshot(), target)  # type: ignore[arg-type]
+        name = target.name
+        for suffix in (".pickle.gz", ".pickle", ".gz"):
+            if name.endswith(suffix):
+                name = name[: -len(suffix)]
+                break
+        sidecar = target.with_name(name + ".json")
+        meta = {"workload": "dry run", "description": f"a {LABEL} for {self.gpu.name}",
+                "torch": self.trace.torch_version, "device_name": self.gpu.name,
+                "device_total_bytes": self.gpu.total_bytes,
+                "free_at_start_bytes": self.gpu.usable_bytes, "conf": self.trace.conf_text,
+                "dry_run": True, "trace_events": len(self.trace.entries)}
+        try:
+            sidecar.write_text(json.dumps(meta, indent=1), encoding="utf-8")
+        except OSError as exc:
+            from allocconf_widget._errors import SnapshotError
+
+            raise SnapshotError(f"wrote {target} but not its sidecar {sidecar}: {exc}") from exc
+        return target
+
+    def predict(self, conf: str = "", gpu: str | GpuProfile | None = None) -> Prediction:
+        """:func:`predict` for this run (``gpu`` defaults to the run's)."""
+        return predict(self, conf, gpu if gpu is not None else self.gpu)
+
+    def summary(self) -> str:
+        t = self.trace
+        lines = [f"Dry run ({LABEL}) for {self.gpu.describe()}: {t.ops:,} ops, "
+                 f"{t.allocations:,} allocations in {t.seconds:.2f} s; peak requested "
+                 f"{format_bytes(t.peak_requested)}, {format_bytes(t.live_at_end)} still allocated "
+                 "at the end. CUDA was not started."]
+        lines += [f"note: {n}" for n in self.all_notes()]
+        return "\n".join(lines)
+
+
+class DryRunContext:
+    """``with allocconf_widget.dry_run() as run: <your step>``; then ``run.save(path)``,
+    ``run.predict(conf)`` … (the same object is the :class:`DryRunResult` afterwards)."""
+
+    def __init__(self, gpu: str | GpuProfile | None = None, *, rules: bool = True) -> None:
+        self.gpu, note = resolve_gpu(gpu)
+        self._notes = (note,) if note else ()
+        self._rules = rules
+        self._run: Any = None
+        self.result: DryRunResult | None = None
+
+    def __enter__(self) -> DryRunContext:
+        from allocconf_widget.adapters.dryrun import DryRun
+
+        self._run = DryRun(self.gpu, rules=self._rules)
+        self._run.__enter__()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            self._run.__exit__(kind, exc, tb)
+        finally:
+            if self._run.trace is not None:
+                self.result = DryRunResult(self._run.trace, self.gpu, self._notes)
+
+    def _done(self) -> DryRunResult:
+        if self.result is None:
+            raise RuntimeStateError("the dry run has not finished: use the result after the "
+                                    "`with` block")
+        return self.result
+
+    def __getattr__(self, name: str) -> Any:  # save, predict, summary, snapshot, trace …
+        if name.startswith("_") or name in ("gpu", "result"):
+            raise AttributeError(name)
+        return getattr(self._done(), name)
+
+
+def dry_run(gpu: str | GpuProfile | None = None, *, rules: bool = True) -> DryRunContext:
+    """Run the block on fake CUDA tensors and record what it would allocate; CUDA never starts.
+
+    ``gpu``: a profile name (``t4``, ``l4``, ``a100-40``, ``a100-80``, ``h100``, ``h200``) or
+    None for this runtime's GPU. ``rules=False`` keeps the raw trace (no modelled cuBLAS/cuDNN
+    workspaces).
+    """
+    return DryRunContext(gpu, rules=rules)
+
+
+# ---------------------------------------------------------------- one prediction (a slider)
+
+@dataclass(frozen=True)
+class Prediction:
+    """What one setting would do on one GPU, from a dry run or a recording."""
+
+    conf: str
+    gpu: str
+    peak_reserved: int
+    peak_allocated: int
+    usable: int
+    fits: bool
+    oom_at_bytes: int | None = None  # the request that would fail, when it does not fit
+    estimate: bool = True  # from a dry run (else a recording's exact replay)
+
+    @property
+    def headroom(self) -> int:
+        return self.usable - self.peak_reserved
+
+    def describe(self) -> str:
+        setting = self.conf or "torch's defaults"
+        kind = "estimated" if self.estimate else "replayed"
+        if not self.fits:
+            at = (f" at a {format_bytes(self.oom_at_bytes)} request" if self.oom_at_bytes is not None
+                  else "")
+            return (f"{setting}: out of memory{at} on {self.gpu} ({kind}; "
+                    f"{format_bytes(self.usable)} usable)")
+        return (f"{setting}: peak reserved {format_bytes(self.peak_reserved)} of "
+                f"{format_bytes(self.usable)} on {self.gpu} ({kind}); fits")
+
+
+def predict(trace_or_run: Any, conf: str = "", gpu: str | GpuProfile | None = None, *,
+            trace: Any = None) -> Prediction:
+    """Replay a dry run (or any :class:`~allocconf_widget.app.simulate.TraceSource`) under
+    ``conf`` on ``gpu``: peak reserved and the OOM verdict. The decoded trace is kept on a
+    :class:`DryRunResult`, so calls for each slider position only replay; for a
+    ``TraceSource`` pass its decoded ``trace`` (``app.simulate.TraceCache`` has it).
+
+    Raises:
+        AllocConfError: ``conf`` is not a valid setting, or ``gpu`` is not a known profile.
+    """
+    from allocconf_widget.core.sim.settings import SimSettings
+    from allocconf_widget.core.sim.simulator import simulate
+    from allocconf_widget.core.versions import installed_torch_version
+
+    run = trace_or_run.result if isinstance(trace_or_run, DryRunContext) else trace_or_run
+    if run is None:
+        raise RuntimeStateError("the dry run has not finished: predict after the `with` block")
+    if isinstance(run, DryRunResult):
+        target = resolve_gpu(gpu)[0] if gpu is not None else run.gpu
+        decoded, version = run.decoded(), run.source().torch_version
+        total, outside, estimate = target.total_bytes, target.context_bytes, True
+    else:  # a TraceSource (a recording): its own device unless a profile is named
+        from allocconf_widget.core.sim.trace import extract_trace
+
+        decoded = trace if trace is not None else extract_trace(run.snapshot, run.device)
+        version = run.torch_version
+        if gpu is not None:
+            target = resolve_gpu(gpu)[0]
+            total, outside = target.total_bytes, target.context_bytes
+        else:
+            total, outside = run.device_total, run.non_pytorch_bytes or 0
+            target = None
+        estimate = False
+    if version is None:
+        version = installed_torch_version()
+        if version is None or not version.known:
+            from allocconf_widget.core.versions import parse_version
+
+            version = parse_version("2.11")
+    with warnings.catch_warnings():  # a slider position is not the place for advice (the panel has it)
+        warnings.simplefilter("ignore", AllocConfWarning)
+        settings = SimSettings.from_string(conf, version)
+    result = simulate(decoded, settings, device_total=total, non_pytorch_bytes=outside,
+                      series_points=2)
+    usable = (total or 0) - outside
+    oom = result.oom
+    return Prediction(conf, target.name if target is not None else "the recorded GPU",
+                      result.peak_reserved_bytes, result.peak_allocated_bytes, usable,
+                      fits=oom is None, oom_at_bytes=oom.requested_bytes if oom else None,
+                      estimate=estimate)
+
+
+# ---------------------------------------------------------------- batch planner
+
+@dataclass(frozen=True)
+class PlanCell:
+    batch: int
+    conf: str
+    gpu: str
+    prediction: Prediction | None  # None: the dry run itself failed at this size
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Largest batch predicted to fit, per setting and GPU (never touching the GPU)."""
+
+    sizes: tuple[int, ...]
+    confs: tuple[str, ...]
+    gpus: tuple[str, ...]
+    cells: tuple[PlanCell, ...]
+    notes: tuple[str, ...] = ()
+
+    def largest(self, conf: str, gpu: str) -> int | None:
+        """The largest size that fits such that every smaller tried size fits too."""
+        best = None
+        for size in self.sizes:
+            cell = next(c for c in self.cells if c.batch == size and c.conf == conf and c.gpu == gpu)
+            if cell.prediction is None or not cell.prediction.fits:
+                break
+            best = size
+        return best
+
+
+def plan_batch(step: Callable[[int], Any], sizes: Iterable[int], *,
+               confs: Sequence[str] = ("", "expandable_segments:True"),
+               gpus: Sequence[str | GpuProfile] = ("t4",)) -> BatchPlan:
+    """Dry-run ``step(size)`` for each size and replay each under every setting and GPU.
+
+    ``step`` builds what it needs on "cuda" (model, optimizer, batch) and runs one step;
+    it runs on fake tensors, so CUDA never starts. Sizes are tried in increasing order;
+    once a size fails everywhere, larger ones are not tried.
+    """
+    order = tuple(sorted({int(s) for s in sizes}))
+    if not order or order[0] <= 0:
+        raise AllocConfError("batch sizes must be positive integers", fix="e.g. sizes=[8, 16, 32]")
+    profiles = [resolve_gpu(g)[0] for g in gpus]
+    cells: list[PlanCell] = []
+    notes: list[str] = []
+    for size in order:
+        ctx = DryRunContext(profiles[0])
+        try:
+            with ctx:
+                step(size)
+        except RuntimeStateError as exc:
+            cells.extend(PlanCell(size, c, p.name, None, str(exc)) for c in confs for p in profiles)
+            continue
+        run = ctx.result
+        assert run is not None
+        for note in run.all_notes():
+            if note not in notes:
+                notes.append(note)
+        size_fits = False
+        for p in profiles:
+            for conf in confs:
+                pred = predict(run, conf, p)
+                size_fits = size_fits or pred.fits
+                cells.append(PlanCell(size, conf, p.name, pred))
+        if not size_fits:
+            break
+    tried = tuple(s for s in order if any(c.batch == s for c in cells))
+    return BatchPlan(tried, tuple(confs), tuple(p.name for p in profiles), tuple(cells), tuple(notes))
+
+
+# ---------------------------------------------------------------- close the loop
+
+#: the settings an estimate is checked under by default (those docs/dryrun.md measured)
+CHECK_SETTINGS = ("", "expandable_segments:True", "max_split_size_mb:128", "roundup_power2_divisions:4")
+
+
+@dataclass(frozen=True)
+class EstimateRow:
+    """One setting: the dry run's estimate beside the replay of the real recording."""
+
+    conf: str
+    estimated: int  # peak reserved predicted from the dry run
+    recorded: int  # peak reserved of the recording replayed under the same setting
+
+    @property
+    def error(self) -> float:
+        """(estimate − recording) / recording: negative when the dry run was low."""
+        return (self.estimated - self.recorded) / self.recorded if self.recorded else 0.0
+
+
+@dataclass(frozen=True)
+class EstimateCheck:
+    """How far a dry run's estimate was from the run recorded later, per setting."""
+
+    rows: tuple[EstimateRow, ...]
+    gpu: str
+
+    @property
+    def ranking_agrees(self) -> bool:
+        """The settings rank the same by the estimate as by the recording."""
+        def order(key: Callable[[EstimateRow], int]) -> list[str]:
+            return [r.conf for r in sorted(self.rows, key=lambda r: (key(r), r.conf))]
+
+        return order(lambda r: r.estimated) == order(lambda r: r.recorded)
+
+    def worst(self) -> EstimateRow:
+        return max(self.rows, key=lambda r: abs(r.error))
+
+
+def compare_estimate(dry: DryRunResult, recording: TraceSource, confs: Sequence[str] = CHECK_SETTINGS,
+                     *, trace: Any = None) -> EstimateCheck:
+    """Each setting's peak reserved from the dry run beside the real recording's replay (the
+    replay of a recorded trace is exact within 2 % on held-out code: docs/simulator.md), on
+    the recording's GPU. ``trace`` is the recording's decoded trace, if the caller has it.
+
+    Raises:
+        AllocConfError: a setting is not valid.
+    """
+    total = recording.device_total or dry.gpu.total_bytes
+    outside = recording.non_pytorch_bytes
+    if outside is None:
+        outside = dry.gpu.context_bytes
+    gpu = GpuProfile("recorded", "the recorded GPU", total, outside, dry.gpu.capability,
+                     dry.gpu.multiprocessors)
+    if trace is None:
+        from allocconf_widget.core.sim.trace import extract_trace
+
+        trace = extract_trace(recording.snapshot, recording.device)
+    rows = tuple(EstimateRow(conf, predict(dry, conf, gpu).peak_reserved,
+                             predict(recording, conf, trace=trace).peak_reserved) for conf in confs)
+    return EstimateCheck(rows, gpu.name)

@@ -1,0 +1,24 @@
+"""What every front end says about a dry-run trace: its label and what it cannot see.
+
+Kept in the core (standard library, no logic) so the replay's file reader
+(``app/simulate.file_source``) and the dry run itself (``app/dryrun``) say the same thing
+without importing each other. docs/dryrun.md has the measurements behind the wording.
+"""
+
+from __future__ import annotations
+
+#: how a dry run's trace is labelled wherever it is replayed
+LABEL = "dry run (estimate)"
+
+#: the key a dry run's snapshot carries (plain data: the GPU profile, torch, op count), so a
+#: saved file is labelled an estimate wherever it is replayed
+SNAPSHOT_MARK = "allocconf_dry_run"
+
+#: what every dry-run prediction lacks, for the notes beside it
+GAPS = (
+    "a dry run (estimate): fake CUDA tensors, no GPU; it cannot see the attention backend's "
+    "and other kernels' temporary buffers, and cuDNN's workspaces are a stated bound; the "
+    "self-check has no real segments to compare with",
+    "code that depends on tensor values (.item() gave 1.0, data-dependent shapes) may take "
+    "another path on the GPU",
+)

@@ -1,0 +1,142 @@
+"""``%%allocconf dryrun`` and ``%allocconf plan``: predict a cell's memory before CUDA starts.
+
+``dryrun`` runs the cell body on fake CUDA tensors (``app/dryrun``) in a copy of the
+notebook's namespace, so names the cell assigns and models it moves to "cuda" stay as they
+were outside it; the trace is kept for ``%allocconf simulate`` and the What-if tab (labelled
+"dry run (estimate)"). ``plan`` dry-runs the last dry-run cell again for several values of a
+variable (the batch size) and prints the largest predicted to fit per setting and GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from allocconf_widget._errors import RuntimeStateError
+
+if TYPE_CHECKING:
+    from allocconf_widget.views.magic.context import MagicContext, SubParsers
+
+
+
+def register(subparsers: SubParsers) -> None:
+    """Add ``dryrun`` (cell) and ``plan`` to the magic's parser."""
+    p = subparsers.add_parser(
+        "dryrun", help="%%%%allocconf dryrun: predict the cell's GPU memory without starting CUDA",
+        description="Run the cell on fake CUDA tensors (no GPU memory, no CUDA start) and keep "
+        "its allocation trace for `%allocconf simulate` and the What-if tab.")
+    p.add_argument("--gpu", help="GPU profile: t4, l4, a100-40, a100-80, h100, h200 "
+                   "(default: this runtime's GPU, else t4)")
+    p.add_argument("--save", metavar="PATH", help="also write the snapshot (allocconf simulate reads it)")
+    p.add_argument("--raw", action="store_true", help="do not add modelled cuBLAS/cuDNN workspaces")
+    p.set_defaults(handler=run_dryrun, takes_cell=True)
+    p = subparsers.add_parser(
+        "plan", help="largest batch predicted to fit, per setting and GPU (dry runs only)",
+        description="Re-run the last %%allocconf dryrun cell with VAR set to each SIZE and report "
+        "the largest batch predicted to fit per setting and GPU.")
+    p.add_argument("var", help="the variable the cell reads the batch size from")
+    p.add_argument("sizes", nargs="+", type=int, help="batch sizes to try")
+    p.add_argument("--gpu", action="append", help="GPU profile(s) (default: t4)")
+    p.add_argument("--conf", action="append", help="settings to compare (default: defaults and "
+                   "expandable_segments:True)")
+    p.add_argument("--chart", action="store_true", help="also draw peak reserved vs batch size")
+    p.set_defaults(handler=run_plan)
+
+
+def _namespace_copy(shell: Any) -> dict[str, Any]:
+    from allocconf_widget.adapters.dryrun import isolated_namespace
+
+    return isolated_namespace(shell.user_ns)
+
+
+def _compiled(shell: Any, cell: str) -> Any:
+    """The cell as IPython would run it; its source is registered so messages quote its lines."""
+    import linecache
+
+    source = shell.transform_cell(cell)
+    name = "<dry-run cell>"
+    linecache.cache[name] = (len(source), None, source.splitlines(keepends=True), name)
+    return compile(source, name, "exec")
+
+
+def _run_cell(ctx: MagicContext, cell: str, gpu: Any, rules: bool) -> Any:
+    from allocconf_widget.app.dryrun import dry_run
+
+    ns = _namespace_copy(ctx.shell)
+    run = dry_run(gpu, rules=rules)
+    code = _compiled(ctx.shell, cell)
+    with run:
+        exec(code, ns)  # the user's own cell, in a copy of their namespace
+    return run.result
+
+
+def run_dryrun(args: argparse.Namespace, ctx: MagicContext) -> Any:
+    if ctx.cell is None:
+        raise RuntimeStateError("dryrun is a cell magic: start the cell with %%allocconf dryrun")
+    result = _run_cell(ctx, ctx.cell, args.gpu, not args.raw)
+    from allocconf_widget.app.dryrun import DryRunCell
+
+    ctx.session.set_dry_run(result, DryRunCell(ctx.cell, args.gpu))
+    print(result.summary())
+    best = result.predict("")
+    print(f"Predicted: {best.describe()}.")
+    if args.save:
+        path = result.save(args.save)
+        print(f"Saved the dry-run snapshot to {path} (allocconf simulate {path}).")
+    print("Next: %allocconf simulate (ranks settings on this estimate), or %allocconf plan VAR SIZES.")
+    return result
+
+
+def run_plan(args: argparse.Namespace, ctx: MagicContext) -> Any:
+    from allocconf_widget.app.dryrun import plan_batch
+    from allocconf_widget.views.text.dryrun import render_plan
+
+    saved = ctx.session.dry_run_cell
+    if saved is None:
+        raise RuntimeStateError("no dry-run cell yet: run a cell with %%allocconf dryrun first; "
+                                "plan re-runs it with each batch size")
+    cell = saved.code
+
+    def step(size: int) -> None:
+        from allocconf_widget.adapters.dryrun import DryRunError
+
+        ns = _namespace_copy(ctx.shell)
+        ns[args.var] = size
+        code = _compiled(ctx.shell, cell)
+        try:
+            exec(code, ns)
+        except DryRunError:
+            raise
+        except Exception as exc:  # the cell failed at this size: say so in the table
+            raise DryRunError(f"the cell raised {type(exc).__name__}: {exc}") from None
+
+    plan = plan_batch(step, args.sizes, confs=tuple(args.conf or ("", "expandable_segments:True")),
+                      gpus=tuple(args.gpu or ("t4",)))
+    print(render_plan(plan), end="")
+    if args.chart:
+        from IPython.display import display
+
+        from allocconf_widget.views.charts.dryrun import plan_figure
+
+        display(plan_figure(plan))
+    return plan
+
+
+def report_estimate(ctx: MagicContext) -> Any:
+    """After ``%%allocconf record``: how far the last dry run's estimate was from the recording,
+    per setting (nothing when there was no dry run). Never raises: recording must not fail
+    because of a comparison."""
+    dry = ctx.session.dry_run
+    if dry is None:
+        return None
+    from allocconf_widget.app.dryrun import compare_estimate
+    from allocconf_widget.app.simulate import trace_source
+    from allocconf_widget.views.text.dryrun import render_estimate_check
+
+    try:
+        check = compare_estimate(dry, trace_source(ctx.session))
+    except Exception as exc:  # a comparison must never break recording
+        print(f"note: the dry run's estimate could not be compared with this recording ({exc})")
+        return None
+    print(render_estimate_check(check), end="")
+    return check

@@ -1,0 +1,50 @@
+"""Text for dry runs: the batch planner's table (CLI-free; the magic prints it)."""
+
+from __future__ import annotations
+
+from allocconf_widget.app.dryrun import BatchPlan, EstimateCheck
+from allocconf_widget.core.units import format_bytes
+from allocconf_widget.views.text.table import aligned_table
+
+
+def render_plan(plan: BatchPlan) -> str:
+    """Peak reserved per batch size and setting, then the largest batch that fits per GPU."""
+    lines: list[str] = []
+    for gpu in plan.gpus:
+        rows = [["batch", *[conf or "(torch defaults)" for conf in plan.confs]]]
+        for size in plan.sizes:
+            row = [str(size)]
+            for conf in plan.confs:
+                cell = next(c for c in plan.cells if c.batch == size and c.conf == conf and c.gpu == gpu)
+                pred = cell.prediction
+                if pred is None:
+                    row.append("dry run failed")
+                else:
+                    row.append(format_bytes(pred.peak_reserved) if pred.fits else "OOM")
+            rows.append(row)
+        usable = next((c.prediction.usable for c in plan.cells
+                       if c.gpu == gpu and c.prediction is not None), None)
+        shown = f" ({format_bytes(usable)} usable)" if usable is not None else ""
+        lines.append(f"{gpu}{shown}: predicted peak reserved (dry run, estimate)")
+        lines.extend(aligned_table(rows, indent="  "))
+        for conf in plan.confs:
+            best = plan.largest(conf, gpu)
+            verdict = f"batch {best}" if best is not None else "none of the sizes tried"
+            lines.append(f"  largest predicted to fit with {conf or '(torch defaults)'}: {verdict}")
+    errors = {c.error for c in plan.cells if c.error}
+    lines += [f"note: {e}" for e in sorted(errors)]
+    lines += [f"note: {n}" for n in plan.notes]
+    return "\n".join(lines) + "\n"
+
+
+def render_estimate_check(check: EstimateCheck) -> str:
+    """The dry run's estimate beside the recorded run, per setting, and whether the ranking held."""
+    rows = [["setting", "dry run (estimate)", "recorded (replayed)", "error"]]
+    rows += [[r.conf or "(torch defaults)", format_bytes(r.estimated), format_bytes(r.recorded),
+              f"{100 * r.error:+.1f}%"] for r in check.rows]
+    worst = check.worst()
+    lines = ["How far the dry run's estimate was from this recording (peak reserved):",
+             *aligned_table(rows, indent="  "),
+             f"  ranking of the settings: {'the same' if check.ranking_agrees else 'DIFFERENT'}; "
+             f"largest error {100 * worst.error:+.1f}% ({worst.conf or '(torch defaults)'})"]
+    return "\n".join(lines) + "\n"

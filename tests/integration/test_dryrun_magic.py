@@ -1,0 +1,130 @@
+"""``%%allocconf dryrun``, ``%allocconf simulate`` on its trace and ``%allocconf plan``, in IPython's
+real shell on this machine's CPU-only torch (inference steps: see tests/unit/test_dryrun.py for why).
+
+What a user would notice: the summary and prediction are printed, the cell's names and the real
+model it moved to "cuda" are left as they were (the dry run works on copies), the What-if ranks the
+dry run labelled as an estimate, and the planner prints the largest batch predicted to fit.
+"""
+
+from __future__ import annotations
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.testing.globalipapp import start_ipython
+
+from allocconf_widget.adapters.recorder import CellRecording
+from tests.torch_versions import needs_torch
+
+torch = pytest.importorskip("torch")
+pytestmark = needs_torch((2, 6), "the dry run's fake CUDA tensors (verified on 2.11 and 2.13)")
+
+CELL = """
+moved = model.to("cuda")
+with torch.no_grad():
+    out = moved(torch.randn(BATCH, 256, device="cuda"))
+print(f"loss {out.mean().item():.3f}")
+"""
+
+
+@pytest.fixture(scope="module")
+def ip():
+    from IPython import get_ipython
+
+    shell = start_ipython() or get_ipython()
+    shell.run_line_magic("load_ext", "allocconf_widget")
+    yield shell
+    shell.run_line_magic("unload_ext", "allocconf_widget")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_session(ip):
+    from allocconf_widget.app.session import drop_session
+
+    drop_session(ip)
+    ip.user_ns["torch"] = torch
+    ip.user_ns["model"] = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
+                                              torch.nn.Linear(1024, 256))
+    ip.user_ns["BATCH"] = 512
+    ip.user_ns.pop("moved", None)
+    yield
+
+
+def test_dryrun_cell_predicts_and_leaves_the_users_model_real(ip, capsys):
+    result = ip.run_cell_magic("allocconf", "-r dryrun --gpu t4", CELL)
+    out = capsys.readouterr().out
+    assert "dry run (estimate)" in out and "CUDA was not started" in out
+    assert "Predicted: torch's defaults: peak reserved" in out and "on Tesla T4" in out
+    assert "loss 1.000" in out  # the cell ran; its printed value is the dry run's placeholder
+    weight = ip.user_ns["model"][0].weight
+    assert type(weight) is torch.nn.Parameter and weight.device.type == "cpu"
+    assert "moved" not in ip.user_ns
+    assert result.trace.allocations > 3
+    assert torch.cuda.is_initialized() is False
+
+
+def test_simulate_after_a_dryrun_ranks_the_estimate(ip, capsys):
+    ip.run_cell_magic("allocconf", "dryrun --gpu l4", CELL)
+    capsys.readouterr()
+    report = ip.run_line_magic("allocconf", "-r simulate")
+    out = capsys.readouterr().out
+    assert "dry run (estimate)" in report.source_label and "dry run (estimate)" in out
+    assert "fake CUDA tensors" in out
+
+
+def test_plan_reruns_the_cell_per_batch_size(ip, capsys):
+    ip.run_cell_magic("allocconf", "dryrun --gpu t4", CELL)
+    capsys.readouterr()
+    plan = ip.run_line_magic("allocconf", "-r plan BATCH 1024 65536 --gpu t4")
+    out = capsys.readouterr().out
+    assert plan.largest("", "Tesla T4") == 65536
+    assert "largest predicted to fit with (torch defaults): batch 65536" in out
+
+
+def test_plan_without_a_dryrun_cell_says_what_to_do(ip):
+    with pytest.raises(UsageError, match="run a cell with %%allocconf dryrun first"):
+        ip.run_line_magic("allocconf", "plan BATCH 8 16")
+
+
+def test_a_data_dependent_cell_stops_naming_its_line(ip):
+    with pytest.raises(UsageError, match=r"if out.sum\(\) > 0:"):
+        ip.run_cell_magic("allocconf", "dryrun --gpu t4",
+                          "out = torch.randn(4, device='cuda')\nif out.sum() > 0:\n    pass\n")
+
+
+def test_a_recording_after_a_dryrun_says_how_far_the_estimate_was(ip, capsys):
+    """What ``%%allocconf record`` prints after a dry run (the GPU part, recording, cannot run
+    here: the bundled H200 recording stands in for it, in the session where record keeps it)."""
+    from types import SimpleNamespace
+
+    from allocconf_widget.app.session import get_session
+    from allocconf_widget.core.memory.recording import load_demo
+    from allocconf_widget.views.magic.dryrun import report_estimate
+
+    ip.run_cell_magic("allocconf", "dryrun --gpu h200", CELL)
+    capsys.readouterr()
+    demo = load_demo()
+    session = get_session(ip)
+    session.set_recording(CellRecording(
+        snapshot=demo.snapshot(), torch_version=demo.torch_version or "",
+        device_total=demo.device_total_bytes, free_at_start=demo.free_at_start_bytes))
+    check = report_estimate(SimpleNamespace(session=session))  # type: ignore[arg-type]
+    out = capsys.readouterr().out
+    assert "How far the dry run's estimate was from this recording" in out
+    assert [r.conf for r in check.rows] == ["", "expandable_segments:True", "max_split_size_mb:128",
+                                            "roundup_power2_divisions:4"]
+    # a small MLP against a CNN recording: the estimate is far below, and says so
+    assert all(r.error < -0.5 for r in check.rows)
+    assert "ranking of the settings:" in out
+
+
+def test_plan_chart_draws_one_line_per_setting_and_the_usable_memory(ip, capsys):
+    from allocconf_widget.views.charts.dryrun import plan_figure
+
+    ip.run_cell_magic("allocconf", "dryrun --gpu t4", CELL)
+    plan = ip.run_line_magic("allocconf", "-r plan BATCH 1024 65536 --gpu t4")
+    capsys.readouterr()
+    fig = plan_figure(plan)
+    names = [trace.name for trace in fig.data]
+    assert names == ["(torch defaults)", "expandable_segments:True"]
+    assert list(fig.data[0].x) == [1024, 65536]
+    assert any("usable" in (a.text or "") for a in fig.layout.annotations)

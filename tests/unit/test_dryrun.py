@@ -1,0 +1,256 @@
+"""The dry run on this machine's torch (a CPU-only build): what it records, saves, predicts, refuses.
+
+A CPU-only torch can run inference on fake CUDA tensors (``torch.no_grad()``), which is enough to
+check the whole path a GPU runtime takes: the recorded allocations and frees, the snapshot that
+``allocconf simulate`` replays, labelled an estimate, the predictions and the batch planner. What it
+cannot do, autograd on fake CUDA tensors, must stop with a message naming the user's line instead
+of aborting the interpreter (it does abort without the guard: measured on torch 2.13). GPU runs of
+training steps are in ``tests/gpu/test_dryrun_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from allocconf_widget._errors import AllocConfError
+from allocconf_widget.core.gpu_profiles import GIB, MIB, PROFILES, GpuProfile, match_name, profile
+from tests.torch_versions import cuda_build, needs_torch
+
+torch = pytest.importorskip("torch")
+requires_fake_cuda = needs_torch((2, 6), "the dry run's fake CUDA tensors (verified on 2.11 and 2.13)")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _mlp_step(batch: int) -> None:
+    """An inference step as a user writes it: a CPU-built model moved to "cuda", a loss printed."""
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
+                                torch.nn.Linear(4096, 1024)).to("cuda")
+    with torch.no_grad():
+        out = model(torch.randn(batch, 1024, device="cuda"))
+        print(f"mean {out.mean().item():.3f}")
+
+
+# ---------------------------------------------------------------- profiles (pure)
+
+def test_profiles_leave_room_for_the_cuda_context_and_know_the_named_gpus():
+    assert set(PROFILES) == {"t4", "l4", "a100-40", "a100-80", "h100", "h200"}
+    for gpu in PROFILES.values():
+        assert 0 < gpu.usable_bytes < gpu.total_bytes
+    assert profile("T4").total_bytes == 15 * GIB
+    assert profile("A100").key == "a100-40"
+    assert profile("h200").measured and profile("h200").context_bytes == 552_402_944
+    assert not profile("t4").bf16_native and profile("a100-80").bf16_native
+
+
+def test_an_unknown_profile_lists_the_known_ones():
+    with pytest.raises(AllocConfError, match="t4, l4, a100-40"):
+        profile("v100")
+
+
+def test_a_gpu_named_by_the_driver_gets_the_table_figures_and_the_driver_total():
+    found = match_name("NVIDIA A100-SXM4-80GB", 85_899_345_920)
+    assert (found.key, found.capability, found.total_bytes) == ("a100-80", (8, 0), 85_899_345_920)
+    other = match_name("NVIDIA RTX 6000 Ada Generation", 48 * GIB)
+    assert other.key == "this-gpu" and other.total_bytes == 48 * GIB
+
+
+# ---------------------------------------------------------------- the dry run itself
+
+@requires_fake_cuda
+def test_an_inference_step_is_recorded_with_its_frees_and_cuda_never_starts():
+    import allocconf_widget
+
+    with allocconf_widget.dry_run("t4") as run:
+        _mlp_step(256)
+    trace = run.trace
+    weights = (1024 * 4096 + 4096 + 4096 * 1024 + 1024) * 4
+    activations = 256 * (1024 + 4096 + 1024) * 4
+    assert weights < trace.peak_requested <= weights + activations + 16 * MIB  # + cuBLAS workspace
+    actions = [e["action"] for e in trace.entries]
+    assert actions.count("free_requested") == actions.count("free_completed") > 0
+    assert all(e["size"] > 0 and e["stream"] == 0 for e in trace.entries)
+    # every free names an address allocated before it, exactly once
+    live: set[int] = set()
+    for e in trace.entries:
+        if e["action"] == "alloc":
+            assert e["addr"] not in live
+            live.add(e["addr"])
+        elif e["action"] == "free_completed":
+            live.remove(e["addr"])
+    assert torch.cuda.is_initialized() is False
+    assert any("cuBLAS workspace" in note for note in run.all_notes())
+
+
+@requires_fake_cuda
+def test_a_printed_loss_reads_1_and_the_note_names_the_line():
+    import allocconf_widget
+
+    with allocconf_widget.dry_run("t4") as run:
+        x = torch.randn(8, 8, device="cuda")
+        shown = f"{x.mean().item():.2f}"
+    assert shown == "1.00"
+    assert any("test_dryrun.py" in n and "shown = f" in n for n in run.all_notes()), run.all_notes()
+
+
+@requires_fake_cuda
+def test_branching_on_a_tensor_stops_naming_the_users_line():
+    import allocconf_widget
+    from allocconf_widget.adapters.dryrun import DryRunError
+
+    with pytest.raises(DryRunError) as caught, allocconf_widget.dry_run("t4"):
+        x = torch.randn(8, device="cuda")
+        if x.sum() > 0:  # needs a value
+            pass
+    assert "if x.sum() > 0:" in str(caught.value)
+    assert torch.cuda.is_initialized() is False
+
+
+@requires_fake_cuda
+def test_gpu_queries_are_answered_from_the_profile_and_restored_afterwards():
+    import allocconf_widget
+
+    before = torch.cuda.get_device_properties
+    with allocconf_widget.dry_run("a100-80"):
+        props = torch.cuda.get_device_properties(0)
+        capability = torch.cuda.get_device_capability()
+        bf16 = torch.cuda.is_bf16_supported()
+        free, total = torch.cuda.mem_get_info()
+        compiled = torch.compile(torch.nn.Linear(4, 4))
+    assert (props.name, props.total_memory) == ("NVIDIA A100-SXM4-80GB", 80 * GIB)
+    assert capability == (8, 0) and bf16 is True
+    assert total - free == profile("a100-80").context_bytes
+    assert isinstance(compiled, torch.nn.Linear)  # eager, with a note
+    assert torch.cuda.get_device_properties is before
+
+
+@requires_fake_cuda
+def test_torch_compile_runs_eager_and_says_so():
+    import allocconf_widget
+
+    with allocconf_widget.dry_run("t4") as run:
+        step = torch.compile(lambda t: t * 2)
+        step(torch.randn(4, device="cuda"))
+    assert any("torch.compile ran uncompiled" in n for n in run.all_notes())
+
+
+@pytest.mark.skipif(cuda_build(), reason="a CUDA build records gradients on fake CUDA tensors")
+@requires_fake_cuda
+def test_training_on_a_cpu_only_build_stops_with_the_line_instead_of_aborting(tmp_path):
+    """Without the guard this kills the interpreter (c10::Error, terminate): a fresh process."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch, allocconf_widget
+        from allocconf_widget.adapters.dryrun import DryRunError
+        try:
+            with allocconf_widget.dry_run("t4"):
+                model = torch.nn.Linear(16, 16).to("cuda")
+                loss = model(torch.randn(4, 16, device="cuda")).sum()
+                loss.backward()
+        except DryRunError as exc:
+            print("STOPPED", exc)
+        print("CUDA", torch.cuda.is_initialized())
+    """))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "STOPPED" in proc.stdout and "CPU-only build" in proc.stdout
+    assert 'loss = model(torch.randn(4, 16, device="cuda")).sum()' in proc.stdout
+    assert "CUDA False" in proc.stdout
+
+
+# ---------------------------------------------------------------- save, replay, predict, plan
+
+@requires_fake_cuda
+def test_a_saved_dry_run_replays_in_allocconf_simulate_labelled_an_estimate(tmp_path):
+    import allocconf_widget
+
+    with allocconf_widget.dry_run("t4") as run:
+        _mlp_step(1024)
+    path = run.save(tmp_path / "step.pickle")
+    proc = subprocess.run([sys.executable, "-m", "allocconf_widget", "simulate", str(path)],
+                          capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout + proc.stderr
+    assert "dry run (estimate)" in text
+    assert "15.00 GiB" in text  # the T4's capacity, from the sidecar
+    assert "fake CUDA tensors" in text  # the gaps are said
+
+
+@requires_fake_cuda
+def test_predict_gives_peak_reserved_and_an_oom_verdict_per_gpu():
+    import allocconf_widget
+
+    with allocconf_widget.dry_run("t4") as run:
+        _mlp_step(1 << 17)  # ≈ 3 GiB of activations
+    on_t4 = run.predict("")
+    assert on_t4.fits and on_t4.estimate and on_t4.peak_reserved >= run.trace.peak_requested
+    tiny = GpuProfile("tiny", "a 1 GiB GPU", GIB, 0, (8, 0), 10)
+    small = run.predict("expandable_segments:True", tiny)
+    assert not small.fits and "out of memory" in small.describe()
+    with pytest.raises(AllocConfError):
+        run.predict("max_split_size_mb:not-a-number")
+
+
+@requires_fake_cuda
+def test_predict_replays_a_recording_too():
+
+    from allocconf_widget.app.dryrun import predict
+    from allocconf_widget.app.session import Session
+    from allocconf_widget.app.simulate import trace_source
+    from allocconf_widget.core.sim.trace import extract_trace
+
+    source = trace_source(Session())  # no recording, no dry run: the bundled one
+    decoded = extract_trace(source.snapshot)
+    default = predict(source, "", trace=decoded)
+    expandable = predict(source, "expandable_segments:True", trace=decoded)
+    assert not default.estimate and default.fits
+    assert expandable.peak_reserved < default.peak_reserved  # the recording's known ranking
+    assert not predict(source, "", "t4", trace=decoded).fits or default.peak_reserved < 14 * GIB
+
+
+@requires_fake_cuda
+def test_the_planner_reports_the_largest_batch_that_fits_and_stops_after_one_that_does_not():
+    from allocconf_widget.app.dryrun import plan_batch
+    from allocconf_widget.views.text.dryrun import render_plan
+
+    gpu = GpuProfile("small", "a 3 GiB GPU", 3 * GIB, 0, (8, 0), 10)
+    plan = plan_batch(_mlp_step, [1 << 12, 1 << 14, 1 << 16, 1 << 17, 1 << 18], gpus=(gpu,),
+                      confs=("", "expandable_segments:True"))
+    largest = plan.largest("", gpu.name)
+    assert largest == 1 << 16
+    assert 1 << 18 not in plan.sizes  # 2**17 ran out everywhere: larger sizes are not tried
+    text = render_plan(plan)
+    assert "largest predicted to fit with (torch defaults): batch 65536" in text
+    assert "OOM" in text
+
+
+@requires_fake_cuda
+def test_the_whatif_replays_a_dry_run_labelled_an_estimate():
+    import allocconf_widget
+    from allocconf_widget.app.simulate import SimulationRequest, simulate
+
+    with allocconf_widget.dry_run("l4") as run:
+        _mlp_step(2048)
+    report = simulate(run.source(), SimulationRequest(rank=True))
+    assert "dry run (estimate)" in report.source_label
+    assert any("fake CUDA tensors" in n for n in report.notes)
+    assert report.device_total == profile("l4").total_bytes
+    assert report.rows
+
+
+def test_without_a_gpu_visible_to_nvml_the_prediction_is_for_a_t4_and_says_so():
+    from allocconf_widget.adapters.nvml import runtime_profile
+    from allocconf_widget.app.dryrun import resolve_gpu
+
+    if runtime_profile() is not None:
+        pytest.skip("this machine has a GPU NVML sees")
+    gpu, note = resolve_gpu(None)
+    assert gpu.key == "t4" and note is not None and "pass gpu=" in note
