@@ -428,6 +428,8 @@ def _ranked(head: SimulationReport, trace: Trace, request: SimulationRequest, re
         current, note = _kernel_settings(compared_with, version)
         if note:
             notes.append(note)
+        notes.extend(str(trap) for trap in request.kernel.warnings  # said once, as our note
+                     if not (fraction is not None and trap.code == "gc-without-fraction"))
         rec = recommend(trace, torch_version=version, current_settings=current,
                         current_conf=compared_with, recorded_settings=recorded, **options)
     rows = tuple(SimulationRow(_row_label(c.conf, c.is_current, c.kind), c.conf, c.result, c.reason,

@@ -17,9 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from allocconf_widget._errors import AllocConfError
-
-MIB = 1 << 20
-GIB = 1 << 30
+from allocconf_widget.core.units import GIB, MIB
 
 #: CUDA context + cuBLAS/cuDNN handles' device memory outside the caching allocator, when not
 #: measured for the card (the H200 measured 527 MiB with torch 2.11; other cards are similar)

@@ -132,7 +132,7 @@ def main() -> None:
                    verdict=v.headline if v else analysis.verdict_error,
                    winner=v.winner.conf if v and v.winner else None,
                    winners=[o.conf for o in v.winners] if v else [],
-                   sure=v.sure if v else None, sureness=v.sureness if v else None)
+                   sure=v.sureness.startswith("sure:") if v else None, sureness=v.sureness if v else None)
         if args.save:
             folder = Path(args.save)
             folder.mkdir(parents=True, exist_ok=True)

@@ -164,7 +164,8 @@ def test_whatif_answers_at_once_about_this_kernel(notebook_page, ui):
     assert mine.locator(".allocconf-whatif-apply").first.is_disabled()
     defaults = rows.filter(has_text="(torch defaults)").first
     assert not defaults.locator(".allocconf-whatif-apply").first.is_disabled()
-    target = rows.filter(has_text=re.compile(r"^\s*Apply\s*max_split_size_mb:128 —")).first
+    # once applied, the rows are ranked again and this one is marked "(this kernel)"
+    target = rows.filter(has_text=re.compile(r"^\s*Apply\s*max_split_size_mb:128( \(this kernel\))? —")).first
     target.locator(".allocconf-whatif-apply").click()
     question = wait_for_text(target, "whatif-question", re.compile(r"Apply will"))
     assert "set max_split_size_mb:128" in question and "unset expandable_segments:True" in question
