@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from allocconf_widget._errors import AllocConfError
-from allocconf_widget.core.gpu_profiles import GIB, MIB, PROFILES, GpuProfile, match_name, profile
+from allocconf_widget.core.gpu_profiles import PROFILES, GpuProfile, match_name, profile
+from allocconf_widget.core.units import GIB, MIB
 from tests.torch_versions import cuda_build, needs_torch
 
 torch = pytest.importorskip("torch")
