@@ -100,7 +100,8 @@ def flight_scene(nb: Any, front_end: str) -> Seen:
     apply.wait_for(state="visible", timeout=120_000)
     wait_until(lambda: re.search(r"Apply \S", apply.inner_text()), timeout=30,
                what="the Apply button's setting")
-    apply.click()
+    apply.click()  # the card asks first (a recording of another run): confirm
+    find_widget(view, "flight-confirm").first.click()
     wait_until(lambda: "Applied" in find_widget(view, "flight-result").first.inner_text(), timeout=30,
                what="the Apply outcome")
     seen = Seen("flight", cut_off_labels(view),
