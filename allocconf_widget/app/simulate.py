@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from allocconf_widget._errors import AllocConfError
 from allocconf_widget.core.versions import TorchVersion, installed_torch_version, simulated_release
@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from allocconf_widget.core.sim.result import Fidelity, SimResult
     from allocconf_widget.core.sim.settings import SimSettings
     from allocconf_widget.core.sim.trace import Trace
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -192,11 +194,15 @@ class TraceCache:
     address, and an ``id()`` key then answered with the old cell's trace.
     """
 
+    #: answers kept per trace (the Settings tab asks again for every slider position it revisits)
+    MEMO_LIMIT = 64
+
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._key: tuple[str, int] | None = None
         self._source: TraceSource | None = None
         self._trace: Trace | None = None
+        self._memo: dict[Hashable, object] = {}
 
     def get(self, session: RecordingHolder) -> tuple[TraceSource, Trace]:
         """The session's trace source and its decoded trace (decoded once per source)."""
@@ -208,7 +214,22 @@ class TraceCache:
                 source = trace_source(session)
                 trace = extract_trace(source.snapshot, source.device)
                 self._key, self._source, self._trace = key, source, trace
+                self._memo.clear()  # answers about the old trace are not answers about this one
             return self._source, self._trace
+
+    def memo(self, session: RecordingHolder, question: Hashable,
+             answer: Callable[[TraceSource, Trace], T]) -> T:
+        """``answer(source, trace)`` for the session's current trace, computed once per
+        ``question`` while that trace stays (the oldest answers go past :attr:`MEMO_LIMIT`)."""
+        with self._lock:
+            source, trace = self.get(session)
+            if question in self._memo:
+                return cast(T, self._memo[question])
+            value = answer(source, trace)
+            if len(self._memo) >= self.MEMO_LIMIT:
+                self._memo.pop(next(iter(self._memo)))
+            self._memo[question] = value
+            return value
 
 
 # ---------------------------------------------------------------- one simulation, every front end

@@ -184,3 +184,28 @@ def test_whatif_answers_at_once_about_this_kernel(notebook_page, ui):
     wait_until(target.locator(".allocconf-whatif-apply").first.is_disabled, timeout=10,
                what="the applied row to become this kernel's")
     assert seconds < 5, f"first Compare took {seconds:.1f} s"
+
+
+@pytest.mark.parametrize("ui", UIS)
+def test_settings_tab_predicts_each_draft_from_the_recording(notebook_page, ui):
+    # a real H200 recording of this repository's CNN, put in the session as %%allocconf record
+    # would, with the card made 6 GiB (the GPU a user might have): defaults run out, expandable fits
+    trace = ROOT / "tests" / "data" / "cnn__default.pickle.gz"
+    recording = (
+        "from allocconf_widget.adapters.recorder import CellRecording\n"
+        "from allocconf_widget.app.session import get_session\n"
+        "from allocconf_widget.core.memory.snapshot import load_snapshot\n"
+        f"snapshot = dict(load_snapshot({str(trace)!r}))\n"
+        "get_session(get_ipython()).set_recording(CellRecording(snapshot=snapshot, torch_version='2.11.0', "
+        "device_total=6 * 2**30, free_at_start=6 * 2**30 - 552402944))")
+    nb, panel = _open_panel(notebook_page, ui, recording)
+    shown = wait_for_text(panel, "allocconf-prediction", re.compile(r"runs out of memory"))
+    assert "Prediction from the last %%allocconf record, with torch's defaults: runs out of memory" in shown
+    set_toggle(_row(panel, "expandable_segments"), "allocconf-set", True)
+    shown = wait_for_text(panel, "allocconf-prediction",
+                          re.compile(r"with expandable_segments:True: peak reserved [\d.]+ GiB of .*; fits"))
+    assert "Applied now, with torch's defaults: runs out of memory" in shown
+    assert "The draft fits where the applied settings run out of memory." in shown
+    if ui == "lab":
+        _docs_image(nb, panel, "settings-prediction")
+    assert nb.getenv(VAR) is None  # predicting applied nothing

@@ -71,6 +71,17 @@ def test_simulate_after_a_dryrun_ranks_the_estimate(ip, capsys):
     assert "fake CUDA tensors" in out
 
 
+def test_each_staged_setting_is_predicted_from_the_dry_run(ip, capsys):
+    ip.run_cell_magic("allocconf", "dryrun --gpu t4", CELL)
+    capsys.readouterr()
+    ip.run_line_magic("allocconf", "set max_split_size_mb=256")
+    out = capsys.readouterr().out
+    assert ("Prediction from a dry run (estimate) of your step on Tesla T4, with max_split_size_mb:256: "
+            "peak reserved ") in out and "usable; fits." in out
+    assert "A dry run misses some library workspaces" in out  # labelled an estimate
+    assert torch.cuda.is_initialized() is False
+
+
 def test_plan_reruns_the_cell_per_batch_size(ip, capsys):
     ip.run_cell_magic("allocconf", "dryrun --gpu t4", CELL)
     capsys.readouterr()

@@ -92,6 +92,9 @@ def test_interrupts_come_back_after_the_grace() -> None:
     from allocconf_widget.adapters.frontend import quiet_interrupts_while_restarting
 
     previous = signal.getsignal(signal.SIGINT)
+    # Python's own handler as the one to come back, whatever this process inherited: started in
+    # the background by a shell (`.ci/run &`), SIGINT arrives ignored and nothing would raise
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         assert quiet_interrupts_while_restarting(grace=0.0)
         with pytest.raises(KeyboardInterrupt):

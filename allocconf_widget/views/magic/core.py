@@ -16,11 +16,14 @@ from typing import IO, TYPE_CHECKING, Any
 from allocconf_widget._errors import AllocConfError, AllocConfWarning, printable
 from allocconf_widget.adapters import persist
 from allocconf_widget.adapters.runtime_state import Phase
+from allocconf_widget.app.draft_prediction import predict_staged
 from allocconf_widget.core.config.conf import parse_conf
 from allocconf_widget.core.config.envvars import snippets, variable_to_write
 from allocconf_widget.core.config.tokens import C_WHITESPACE_TEXT
 
 if TYPE_CHECKING:
+    from allocconf_widget.app.session import Session
+    from allocconf_widget.core.config.conf import AllocConf
     from allocconf_widget.views.magic.context import MagicContext, SubParsers
 
 
@@ -161,7 +164,7 @@ def run_unset(args: argparse.Namespace, ctx: MagicContext) -> Any:
     return staged
 
 
-def _report_staged(session: Any, staged: Any) -> None:
+def _report_staged(session: Session, staged: AllocConf) -> None:
     _print_warnings(staged)
     state = session.state()
     if state.phase is Phase.NOT_IMPORTED:
@@ -170,11 +173,15 @@ def _report_staged(session: Any, staged: Any) -> None:
         print(f"{result.variable if result else variable}={staged.to_string()!r} "
               "set in the environment: torch will read it when CUDA starts "
               "(%allocconf apply also saves it for kernel restarts).")
-        return
-    print(f"Staged: {staged.to_string() or '(torch defaults)'}")
-    for plan in session.preview():
-        print(f"  {plan}")
-    print("Run %allocconf apply to apply it.")
+    else:
+        print(f"Staged: {staged.to_string() or '(torch defaults)'}")
+        for plan in session.preview():
+            print(f"  {plan}")
+        print("Run %allocconf apply to apply it.")
+    prediction = predict_staged(session)  # only once the user's step was recorded or dry-run
+    if prediction is not None:
+        for line in prediction.lines():
+            print(line)
 
 
 def _print_warnings(conf: Any) -> None:

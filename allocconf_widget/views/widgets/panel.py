@@ -22,6 +22,7 @@ import uuid
 from typing import Any
 
 from allocconf_widget._errors import AllocConfError
+from allocconf_widget.app.draft_prediction import NOTHING_YET, DraftPrediction, predict_staged
 from allocconf_widget.app.panel_draft import PanelModel
 from allocconf_widget.app.session import Session
 from allocconf_widget.views.widgets.controls import OptionRow
@@ -45,6 +46,8 @@ class Panel:
         self.banner.add_class("allocconf-banner")
         self.status = W.HTML()
         self.status.add_class("allocconf-status")
+        self.prediction = W.HTML()
+        self.prediction.add_class("allocconf-prediction")
         self.apply_button = W.Button(description="Apply", button_style="primary", icon="check")
         self.apply_button.add_class("allocconf-apply")
         self.restart_button = W.Button(description="Restart kernel", button_style="warning",
@@ -77,6 +80,7 @@ class Panel:
         settings = W.VBox([
             self.banner,
             self.status,
+            self.prediction,
             W.HBox([self.apply_button, self.restart_button, self.snippet_button]),
             self.snippet_note,
             self.snippet_area,
@@ -111,6 +115,17 @@ class Panel:
             row.mark_error(status.error if name == status.error_option else None)
         self.apply_button.disabled = not status.can_apply
         self.restart_button.layout.display = "" if self._restart_worthwhile(status) else "none"
+        self._show_prediction(status.error is not None)
+
+    def _show_prediction(self, invalid: bool) -> None:
+        """The staged draft's predicted peak and OOM verdict on the user's recorded or dry-run
+        step. Answered here, on the callback's own thread: the controls send a value only when
+        released (``continuous_update=False``), which is the debounce, and a replay of the
+        bundled recording's size takes tens of ms (benchmarks/bench_predict.py); an update from
+        a background thread may never be drawn in Colab (docs/internals/notebook_facts.md)."""
+        if invalid:  # the staged settings did not change: what they predict is still right
+            return
+        self.prediction.value = prediction_html(predict_staged(self.model.session))
 
     def _restart_worthwhile(self, status: Any) -> bool:
         last = self.model.session.last_outcome
@@ -252,6 +267,17 @@ def show_panel(session: Session) -> Panel | None:
     return panel
 
 
+def prediction_html(prediction: DraftPrediction | None) -> str:
+    """The draft's prediction: its verdict first (green fits, red out of memory), then the rest."""
+    if prediction is None:
+        return f"<span style='color:#666'>ⓘ {html.escape(NOTHING_YET)}</span>"
+    first, *rest = prediction.lines()
+    colour = {True: "#1b5e20", False: "#b00020", None: "#8a6d00"}[prediction.fits]
+    parts = [f"<b style='color:{colour}'>{html.escape(first)}</b>"]
+    parts += [html.escape(line) for line in rest]
+    return "<br>".join(parts)
+
+
 def _print_text_panel(session: Session) -> None:
     model = PanelModel(session)
     status = model.status()
@@ -259,6 +285,9 @@ def _print_text_panel(session: Session) -> None:
     for problem in model.state.env.problems:
         print(f"  problem: {problem}")
     print(f"{status.variable}={status.text!r}")
+    prediction = predict_staged(session)
+    for line in prediction.lines() if prediction is not None else [NOTHING_YET]:
+        print(line)
     width = max(len(s.name) for s in model.specs)
     for spec in model.specs:
         value = model.draft.get(spec.name)

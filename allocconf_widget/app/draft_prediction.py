@@ -1,0 +1,144 @@
+"""What the staged settings would do to the user's own step, asked again at every slider move.
+
+Once the session holds a ``%%allocconf record`` or a ``%%allocconf dryrun``, every change to
+the staged draft (a Settings-tab slider, ``%allocconf set``) can be answered with its
+predicted peak reserved and whether it runs out of memory on that GPU, beside what the
+applied settings give. The answer comes from the one replay of every front end
+(:func:`allocconf_widget.app.simulate.simulate`, the same rows the What if? tab ranks), on
+the session's decoded trace (:class:`~allocconf_widget.app.simulate.TraceCache`), and is
+kept per (trace, draft, applied): moving a slider back to a position replays nothing.
+
+Before anything was recorded or dry-run there is nothing of *the user's* to predict from:
+:func:`predict_staged` says so (the bundled demo recording is not their model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from allocconf_widget._errors import AllocConfError, SnapshotError
+from allocconf_widget.core.units import format_bytes
+
+if TYPE_CHECKING:
+    from allocconf_widget.app.session import Session
+    from allocconf_widget.app.simulate import SimulationRow, TraceSource
+    from allocconf_widget.core.sim.trace import Trace
+
+#: what the panel and ``%allocconf set`` say while there is nothing to predict from
+NOTHING_YET = ("Record a step (%%allocconf record) or dry-run it before CUDA starts "
+               "(%%allocconf dryrun) to see what each draft would do to its memory.")
+
+
+@dataclass(frozen=True)
+class DraftPrediction:
+    """The staged draft replayed on the session's step, beside the applied settings.
+
+    ``problem`` is set (and the rows are None) when the draft cannot be replayed: a setting
+    the trace's torch rejects, or a trace that cannot be read.
+    """
+
+    source_label: str
+    estimate: bool  # from a dry run: an estimate with known gaps (docs/dryrun.md)
+    usable_bytes: int | None  # device memory the step may use; None: unknown (no OOM verdict)
+    draft_conf: str
+    applied_conf: str
+    draft: SimulationRow | None = None
+    applied: SimulationRow | None = None  # None: the draft is what is applied
+    problem: str | None = None
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the draft runs the step without an OOM that ends it (None: not predicted)."""
+        if self.draft is None:
+            return None
+        return not _fatal(self.draft)
+
+    def lines(self) -> list[str]:
+        """The sentences every front end shows, first the draft's verdict."""
+        head = f"Prediction from {self.source_label}"
+        if self.problem is not None or self.draft is None:
+            return [f"{head}: not available for this draft: {self.problem}"]
+        out = [f"{head}, with {_setting(self.draft_conf)}: {_said(self.draft, self.usable_bytes)}"]
+        if self.applied is not None:
+            out.append(f"Applied now, with {_setting(self.applied_conf)}: "
+                       f"{_said(self.applied, self.usable_bytes)}")
+            out.append(_compared(self.draft, self.applied))
+        if self.estimate:
+            out.append("A dry run misses some library workspaces: treat a margin under ~10 % "
+                       "as a maybe (docs/dryrun.md).")
+        return out
+
+
+def _setting(conf: str) -> str:
+    return conf or "torch's defaults"
+
+
+def _fatal(row: SimulationRow) -> bool:
+    result = row.result
+    return result.oom is not None and (result.oom_fatal or not result.program_catches_ooms)
+
+
+def _said(row: SimulationRow, usable: int | None) -> str:
+    result = row.result
+    low, high = result.reserved_range
+    peak = (f"{format_bytes(low)}–{format_bytes(high)} (depends on GPU timing)" if low != high
+            else format_bytes(result.peak_reserved_bytes))
+    of = f" of {format_bytes(usable)} usable" if usable else ""
+    if result.oom is not None:
+        failed = format_bytes(result.oom.requested_bytes)
+        if _fatal(row):
+            return f"runs out of memory: a {failed} request fails at {peak} reserved{of}."
+        return f"an OOM the program catches (a {failed} request); peak reserved {peak}{of}."
+    return f"peak reserved {peak}{of}; fits."
+
+
+def _compared(draft: SimulationRow, applied: SimulationRow) -> str:
+    """The draft against the applied settings: fit against OOM first, else the peaks."""
+    if _fatal(applied) and not _fatal(draft):
+        return "The draft fits where the applied settings run out of memory."
+    if _fatal(draft) and not _fatal(applied):
+        return "The draft runs out of memory where the applied settings fit."
+    if _fatal(draft):
+        return "Both run out of memory."
+    delta = draft.result.peak_reserved_bytes - applied.result.peak_reserved_bytes
+    if delta == 0:
+        return "The draft: the same peak."
+    return f"The draft: {format_bytes(abs(delta))} {'less' if delta < 0 else 'more'} reserved at the peak."
+
+
+def predict_staged(session: Session) -> DraftPrediction | None:
+    """The staged draft (and the applied settings) replayed on the session's recording or dry
+    run; None when the session has neither.
+
+    Never raises for a draft or a trace it cannot replay: the answer carries the problem,
+    because a slider must not throw in a widget callback.
+    """
+    recording = session.recording
+    recorded = recording is not None and recording.snapshot is not None
+    if not recorded and session.dry_run is None:
+        return None  # the What-if's fallback, the bundled recording, is not the user's step
+    estimate = not recorded  # the session replays a recording before a dry run
+    view = session.view()
+    draft_conf, applied_conf = view.staged.to_string(), view.applied.to_string()
+    try:
+        return session.trace_cache.memo(
+            session, ("draft", draft_conf, applied_conf),
+            lambda source, trace: _replay(source, trace, draft_conf, applied_conf, estimate))
+    except (AllocConfError, SnapshotError) as exc:
+        label = "a dry run of your step" if estimate else "the last %%allocconf record"
+        return DraftPrediction(label, estimate, None, draft_conf, applied_conf, problem=str(exc))
+
+
+def _replay(source: TraceSource, trace: Trace, draft_conf: str, applied_conf: str,
+            estimate: bool) -> DraftPrediction:
+    from allocconf_widget.app.simulate import SimulationRequest, simulate
+
+    same = draft_conf == applied_conf
+    confs = (draft_conf,) if same else (draft_conf, applied_conf)
+    report = simulate(source, SimulationRequest(confs=confs), trace=trace)
+    usable = None
+    if report.device_total is not None:
+        usable = report.device_total - (source.non_pytorch_bytes or 0)
+    return DraftPrediction(source.label, estimate, usable, draft_conf, applied_conf,
+                           draft=report.rows[0], applied=None if same else report.rows[1])
