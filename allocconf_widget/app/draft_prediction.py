@@ -25,6 +25,10 @@ if TYPE_CHECKING:
     from allocconf_widget.app.simulate import SimulationRow, TraceSource
     from allocconf_widget.core.sim.trace import Trace
 
+#: trace entries above which a draft is not replayed at every slider move (three replays of a
+#: million entries take seconds: ``%allocconf simulate`` ranks such a recording once instead)
+LIMIT_EVENTS = 200_000
+
 #: what the panel and ``%allocconf set`` say while there is nothing to predict from
 NOTHING_YET = ("Record a step (%%allocconf record) or dry-run it before CUDA starts "
                "(%%allocconf dryrun) to see what each draft would do to its memory.")
@@ -121,13 +125,23 @@ def predict_staged(session: Session) -> DraftPrediction | None:
     estimate = not recorded  # the session replays a recording before a dry run
     view = session.view()
     draft_conf, applied_conf = view.staged.to_string(), view.applied.to_string()
+    label = "a dry run of your step" if estimate else "the last %%allocconf record"
+    events = recording.events if recording is not None and recorded else _dry_run_events(session)
+    if events > LIMIT_EVENTS:
+        return DraftPrediction(label, estimate, None, draft_conf, applied_conf,
+                               problem=f"{label} has {events:,} trace entries, too many to replay at "
+                               "every change; %allocconf simulate ranks settings on it once")
     try:
         return session.trace_cache.memo(
             session, ("draft", draft_conf, applied_conf),
             lambda source, trace: _replay(source, trace, draft_conf, applied_conf, estimate))
     except (AllocConfError, SnapshotError) as exc:
-        label = "a dry run of your step" if estimate else "the last %%allocconf record"
         return DraftPrediction(label, estimate, None, draft_conf, applied_conf, problem=str(exc))
+
+
+def _dry_run_events(session: Session) -> int:
+    dry = session.dry_run
+    return len(dry.trace.entries) if dry is not None else 0
 
 
 def _replay(source: TraceSource, trace: Trace, draft_conf: str, applied_conf: str,

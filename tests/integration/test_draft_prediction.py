@@ -157,3 +157,14 @@ def test_the_magic_prints_the_same_prediction(session, capsys):
     finally:
         drop_session(ip)
         ip.run_line_magic("unload_ext", "allocconf_widget")
+
+
+def test_a_recording_too_long_for_a_slider_says_where_to_rank_it(session, panel, monkeypatch):
+    from allocconf_widget.app import draft_prediction
+
+    recording = _recording()
+    monkeypatch.setattr(draft_prediction, "LIMIT_EVENTS", recording.events - 1)
+    session.set_recording(recording)
+    shown = panel.prediction.value
+    assert f"has {recording.events:,} trace entries" in shown and "%allocconf simulate" in shown
+    assert "peak reserved" not in shown
