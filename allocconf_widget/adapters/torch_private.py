@@ -438,10 +438,30 @@ def memory_viz_html(torch: ModuleType, snapshot: Any, kind: str) -> str:
 
 def fake_cuda_mode() -> Any:
     """A ``FakeTensorMode`` that turns real tensors it meets into fakes (a model built on the CPU
-    before the dry run can be moved to "cuda" inside it)."""
+    before the dry run can be moved to "cuda" inside it), and never touches the GPU.
+
+    FakeTensorMode avoids the device only where no GPU is visible (``avoid_device_init``).
+    With one, it *constant-propagates*: a one-element tensor made by ``torch.tensor`` (BatchNorm's
+    ``num_batches_tracked``, the scalars transformers builds) keeps a real value, and moving it
+    to "cuda" ran the real copy on the GPU from C++. That started the CUDA runtime and the
+    caching allocator, which read and froze ``PYTORCH_CUDA_ALLOC_CONF``, while Python's
+    ``torch.cuda.is_initialized()`` stayed False (measured on the H200 with torch 2.11:
+    ``benchmarks/gpu/probe_freeze.py``; a BatchNorm2d forward alone froze the settings). The
+    subclass always answers True, as on a machine without a GPU: constants are not copied to
+    the device, and ``torch.tensor(..., device="cuda")`` stays fake.
+    """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    return FakeTensorMode(allow_non_fake_inputs=True)
+    class DeviceFreeFakeTensorMode(FakeTensorMode):
+        @property
+        def avoid_device_init(self) -> bool:
+            return True
+
+        @avoid_device_init.setter
+        def avoid_device_init(self, _value: bool) -> None:
+            """Releases that assign it in ``__init__`` (a plain attribute there) keep ours."""
+
+    return DeviceFreeFakeTensorMode(allow_non_fake_inputs=True)
 
 
 def dispatch_mode_base() -> type:

@@ -255,3 +255,17 @@ def test_without_a_gpu_visible_to_nvml_the_prediction_is_for_a_t4_and_says_so():
         pytest.skip("this machine has a GPU NVML sees")
     gpu, note = resolve_gpu(None)
     assert gpu.key == "t4" and note is not None and "pass gpu=" in note
+
+
+def test_the_dry_runs_fake_mode_never_copies_to_the_gpu():
+    """Where a GPU is visible, FakeTensorMode copies a one-element constant (BatchNorm's
+    ``num_batches_tracked``) to it for real, which froze the allocator settings on the H200
+    (docs/dryrun.md). The dry run's mode must avoid the device as on a GPU-less machine; this
+    machine has no GPU, so the behaviour itself is checked by tests/gpu/test_dryrun_gpu.py and
+    here only that the mode says so whatever torch.cuda reports."""
+    from allocconf_widget.adapters import torch_private as tp
+
+    mode = tp.fake_cuda_mode()
+    assert mode.avoid_device_init is True
+    mode.avoid_device_init = False  # releases that assign it in __init__ cannot switch it off
+    assert mode.avoid_device_init is True
