@@ -251,6 +251,9 @@ def test_panel_renders_and_slider_apply_reaches_the_kernel(classic_page) -> None
     row = find_widget(panel, "opt-max-split-size-mb")
     assert "default (unset)" in row.inner_text()
     set_toggle(row, "allocconf-set", True)
+    # as a user sees the tick take (the box shows the staged 512) before typing: typed sooner,
+    # the kernel's echo of the tick could land after the keys and replace them (seen once in CI)
+    wait_for_text(panel, "allocconf-status", re.compile(r"max_split_size_mb:512"))
     # the size slider moves in powers of two and its number box is its readout; ipywidgets 7
     # draws jQuery UI sliders (no noUi handle to drag), so type the value as a user may
     type_text(row, "allocconf-exact", "1024", submit=False)  # ipywidgets 7 sends on blur

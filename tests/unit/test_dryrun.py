@@ -257,6 +257,7 @@ def test_without_a_gpu_visible_to_nvml_the_prediction_is_for_a_t4_and_says_so():
     assert gpu.key == "t4" and note is not None and "pass gpu=" in note
 
 
+@requires_fake_cuda
 def test_the_dry_runs_fake_mode_never_copies_to_the_gpu():
     """Where a GPU is visible, FakeTensorMode copies a one-element constant (BatchNorm's
     ``num_batches_tracked``) to it for real, which froze the allocator settings on the H200
