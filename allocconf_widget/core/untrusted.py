@@ -21,6 +21,7 @@ import stat
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 from allocconf_widget._errors import SnapshotError
 from allocconf_widget.core.units import MIB
@@ -29,6 +30,8 @@ SIZE_VARIABLE = "ALLOCCONF_MAX_SNAPSHOT_MIB"
 ITEMS_VARIABLE = "ALLOCCONF_MAX_SNAPSHOT_ITEMS"
 _CONTAINERS = (list, tuple, dict, set, frozenset)
 _CONTAINER_TYPES = frozenset(_CONTAINERS)
+#: values that hold nothing to walk (exact types: a subclass takes the general path)
+_SCALAR_TYPES = frozenset((int, float, str, bool, bytes, complex, type(None)))
 
 
 @dataclass(frozen=True)
@@ -113,8 +116,18 @@ def check_structure(obj: object, what: str, limits: LoadLimits) -> None:
                 "itself); torch's snapshots nest about 8 levels, so this is not one")
         total = len(node)  # type: ignore[arg-type]
         pending = None
+        leaves_fit = depth + 1 < limits.max_depth
         for child in _children(node):
-            if type(child) in _CONTAINER_TYPES or isinstance(child, _CONTAINERS):
+            kind = type(child)
+            if kind is dict and leaves_fit:
+                leaf = cast("dict[object, object]", child)
+                if _SCALAR_TYPES.issuperset(map(type, leaf.values())):
+                    # a dict of scalars (a trace entry without frames; a million in a long
+                    # trace): its size is its length, it cannot nest or refer back, and as a
+                    # child of this node it is within the depth limit: counted, not walked
+                    total += len(leaf)
+                    continue
+            if kind in _CONTAINER_TYPES or isinstance(child, _CONTAINERS):
                 size = expanded.get(id(child))
                 if size is None:
                     if pending is None:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.kernels import RealKernel
+from tests.torch_versions import needs_torch
 
 pytestmark = pytest.mark.kernel
 
 COMBINED = "max_split_size_mb together with expandable_segments:True"
 
 
+@needs_torch((2, 1), "the max_split_size_mb + expandable_segments combination")
 def test_the_combination_warning_is_one_note_and_nothing_on_stderr(kernel: RealKernel) -> None:
     kernel.execute("%load_ext allocconf_widget").check()
     kernel.execute("%allocconf set max_split_size_mb=256 expandable_segments=True\n"

@@ -112,6 +112,16 @@ def test_a_snapshot_saved_for_torch_1_13_is_the_list_its_viewer_reads(tmp_path: 
     assert load_snapshot(path)["segments"] == snap["segments"]
 
 
+def test_a_snapshot_with_a_trace_keeps_it_when_saved_for_torch_1_13(tmp_path: Path) -> None:
+    """The bundled recordings (torch 2.11) exported from a torch 1.13 kernel: dropping their
+    trace for 1.13's viewer left a file `allocconf simulate` refused ("no allocation history")."""
+    snap: Any = dict(snapshot(segment(block(MIB))))
+    snap["device_traces"] = [[{"action": "alloc", "addr": 1 << 40, "size": MIB, "stream": 0}]]
+    path = tmp_path / "recorded.pickle"
+    save_snapshot(snap, path, for_torch=(1, 13))
+    assert load_snapshot(path)["device_traces"] == snap["device_traces"]
+
+
 def test_save_adds_device_traces_the_viewer_needs_without_touching_the_input(
     tmp_path: Path,
 ) -> None:

@@ -484,7 +484,10 @@ def save_snapshot(snapshot: Snapshot, path: str | os.PathLike[str],
     (major, minor) of the torch whose ``python -m torch.cuda._memory_viz`` will
     open the file: torch 1.13's viewer reads the list of segments that 1.13's
     ``memory_snapshot()`` returns and crashes on the 2.x dict, so below 2.0 the
-    file holds the segments alone (1.13 has no trace to lose). A name ending in
+    file holds the segments alone -- unless the snapshot has a trace (one recorded under a
+    newer torch, such as the bundled recordings): the file then keeps the 2.x layout, which
+    pytorch.org/memory_viz and ``allocconf simulate`` read, rather than drop the trace that
+    makes it replayable. A name ending in
     ``.gz`` is gzip-compressed: :func:`load_snapshot` reads that directly, but the
     viewers need it decompressed first (``gunzip``). The file is written to a
     temporary name and renamed, so a failure never leaves a truncated snapshot.
@@ -495,8 +498,9 @@ def save_snapshot(snapshot: Snapshot, path: str | os.PathLike[str],
     """
     target = Path(path)
     _check_plain_data(snapshot)
-    layout: Any = (list(snapshot["segments"]) if for_torch is not None and for_torch < (2, 0)
-                   else _for_viewer(snapshot))
+    segments_only = (for_torch is not None and for_torch < (2, 0)
+                     and not any(snapshot.get("device_traces") or ()))
+    layout: Any = list(snapshot["segments"]) if segments_only else _for_viewer(snapshot)
     payload = pickle.dumps(layout, protocol=_VIEWER_PICKLE_PROTOCOL)
     if target.name.endswith(".gz"):
         payload = gzip.compress(payload, mtime=0)

@@ -662,7 +662,16 @@ def reconstruct_initial_state(
 # ---------------------------------------------------------------- helpers
 def pool_id_of_entry(entry: Mapping[str, Any]) -> tuple[int, int]:
     """The private-pool id a trace entry or segment carries ((0, 0) = default pool)."""
-    raw = entry.get("pool_id", entry.get("segment_pool_id", entry.get("mempool_id")))
+    # the first of the three names present wins (its value even if malformed), as torch writes
+    # one of them; membership tests, not nested get()s: most entries hold none of them
+    if "pool_id" in entry:
+        raw = entry["pool_id"]
+    elif "segment_pool_id" in entry:
+        raw = entry["segment_pool_id"]
+    elif "mempool_id" in entry:
+        raw = entry["mempool_id"]
+    else:
+        return (0, 0)
     if isinstance(raw, list | tuple) and len(raw) == 2:
         return int_or_zero(raw[0]), int_or_zero(raw[1])
     return (0, 0)

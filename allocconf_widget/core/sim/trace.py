@@ -657,7 +657,9 @@ class _Decoder:
 
     def _lane(self, entry: Mapping[str, Any], idx: int = -1) -> int:
         pool = self.alloc_pools.get(idx) or self.release_pools.get(idx) or pool_id_of_entry(entry)
-        stream = int_or_zero(entry.get("stream"))
+        stream = entry.get("stream")
+        if type(stream) is not int:  # ints (nearly every entry) pass as they are
+            stream = int_or_zero(stream)
         key = (pool, stream)
         lane = self.lane_ids.get(key)
         if lane is None:
@@ -674,7 +676,8 @@ class _Decoder:
         self.sizes.append(size)
         self.lanes.append(self._lane(entry, idx))
         self.index.append(idx)
-        self.times.append(int_or_zero(entry.get("time_us")))
+        stamp = entry.get("time_us")
+        self.times.append(stamp if type(stamp) is int else int_or_zero(stamp))
 
     def _unknown(self, idx: int) -> None:
         self.unknown_frees += 1
@@ -712,21 +715,25 @@ class _Decoder:
                 skip_next = False
                 continue
             e = entries[idx]
-            if not isinstance(e, Mapping):
+            if type(e) is not dict and not isinstance(e, Mapping):
                 raise SnapshotError(
                     f"trace entry {idx} is a {type(e).__name__}, not a dict; "
                     "this does not look like a torch memory snapshot"
                 )
             act = e.get("action")
-            counts[str(act)] = counts.get(str(act), 0) + 1
+            name = act if type(act) is str else str(act)
+            counts[name] = counts.get(name, 0) + 1
+            # the exact-int checks below skip int_or_zero for what nearly every entry holds
+            addr = e.get("addr")
+            if type(addr) is not int:
+                addr = int_or_zero(addr)
             if act == "alloc":
-                addr = int_or_zero(e.get("addr"))
                 live[addr] = False
-                self._emit(OP_ALLOC, addr, int_or_zero(e.get("size")), e, idx)
+                size = e.get("size")
+                self._emit(OP_ALLOC, addr, size if type(size) is int else int_or_zero(size), e, idx)
                 if self.held:
                     self._release_held()
             elif act == "free_requested":
-                addr = int_or_zero(e.get("addr"))
                 nxt = entries[idx + 1] if idx + 1 < n else None
                 fused = (
                     isinstance(nxt, Mapping)
@@ -746,7 +753,6 @@ class _Decoder:
                     self.deferred += 1
                     self._emit(OP_FREE_REQUESTED, addr, 0, e, idx)
             elif act == "free_completed":
-                addr = int_or_zero(e.get("addr"))
                 requested = live.pop(addr, None)
                 if requested is None:
                     self._unknown(idx)
