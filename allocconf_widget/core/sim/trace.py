@@ -656,7 +656,11 @@ class _Decoder:
         self.held: list[tuple[int, int, int, int, int, int]] = []  # completions moved past an alloc
 
     def _lane(self, entry: Mapping[str, Any], idx: int = -1) -> int:
-        pool = self.alloc_pools.get(idx) or self.release_pools.get(idx) or pool_id_of_entry(entry)
+        pool = None
+        if self.alloc_pools or self.release_pools:  # attributed private pools (rare)
+            pool = self.alloc_pools.get(idx) or self.release_pools.get(idx)
+        if pool is None:
+            pool = pool_id_of_entry(entry)
         stream = entry.get("stream")
         if type(stream) is not int:  # ints (nearly every entry) pass as they are
             stream = int_or_zero(stream)
@@ -735,11 +739,10 @@ class _Decoder:
                     self._release_held()
             elif act == "free_requested":
                 nxt = entries[idx + 1] if idx + 1 < n else None
-                fused = (
-                    isinstance(nxt, Mapping)
-                    and nxt.get("action") == "free_completed"
-                    and int_or_zero(nxt.get("addr")) == addr
-                )
+                fused = False
+                if (type(nxt) is dict or isinstance(nxt, Mapping)) and nxt.get("action") == "free_completed":
+                    other = nxt.get("addr")
+                    fused = (other if type(other) is int else int_or_zero(other)) == addr
                 if fused:
                     counts["free_completed"] = counts.get("free_completed", 0) + 1
                     skip_next = True
