@@ -42,10 +42,6 @@ def _inline(entry: object) -> str | None:
     return None
 
 
-def test_the_inline_path_covers_every_entry_field():
-    assert set(sf.INLINE_ENTRY_FIELDS) == set(sf._ENTRY)
-
-
 @settings(max_examples=3000, deadline=None)
 @given(ENTRY)
 def test_same_verdict_and_message_as_the_generic_checks(entry):

@@ -147,8 +147,11 @@ def _segments(segments: list[Any], where: str) -> None:
             _fields(block, f"{where}[{i}].blocks[{j}]", _BLOCK)
 
 
-#: the fields :func:`_entries` decides inline: every field of :data:`_ENTRY` (a test keeps them equal)
+#: the fields :func:`_entries` decides inline: every field of :data:`_ENTRY`, or a field added
+#: there would pass unchecked on the inline path
 INLINE_ENTRY_FIELDS = ("action", "addr", "size", "stream", "time_us", "device_free", "frames")
+if frozenset(INLINE_ENTRY_FIELDS) != frozenset(_ENTRY):
+    raise AssertionError("snapshot_fields: _entries must decide every field of _ENTRY inline")
 _NO_FRAMES: list[Any] = []
 
 
