@@ -176,6 +176,7 @@ def classic_page(chromium: Any, classic_server: JupyterServer, request: pytest.F
                  ) -> Iterator[Any]:
     from tests.e2e.jupyter import new_page, safe_name
 
+    _forget_saved_settings(classic_server)  # an earlier test's Apply must not reach this kernel
     page = new_page(chromium)
     console: list[str] = []
     page.on("console", lambda msg: console.append(f"[{msg.type}] {msg.text}"))
@@ -208,8 +209,18 @@ def classic_page(chromium: Any, classic_server: JupyterServer, request: pytest.F
             print("--- server log (tail) ---\n" + classic_server.log_text()[-3000:])
         page.context.close()
         classic_server.shutdown_all_sessions()
-        saved = Path(classic_server.env["XDG_CONFIG_HOME"]) / "allocconf_widget" / "settings.json"
-        saved.unlink(missing_ok=True)
+        _forget_saved_settings(classic_server)
+
+
+def _forget_saved_settings(server: JupyterServer) -> None:
+    """Remove what an Apply saved: the global default and every project's settings. The project
+    files were left behind once, and `%load_ext` in the next test's kernel re-applied an earlier
+    test's max_split_size_mb:1024 (two tests failed on the state they started from)."""
+    import shutil
+
+    folder = Path(server.env["XDG_CONFIG_HOME"]) / "allocconf_widget"
+    (folder / "settings.json").unlink(missing_ok=True)
+    shutil.rmtree(folder / "projects", ignore_errors=True)
 
 
 # ----------------------------------------------------------------- the tests
