@@ -79,15 +79,12 @@ def _setting(conf: str) -> str:
 
 
 def _fatal(row: SimulationRow) -> bool:
-    result = row.result
-    return result.oom is not None and (result.oom_fatal or not result.program_catches_ooms)
+    return row.result.oom_fatal  # set only with an OOM, and never for one the program catches
 
 
 def _said(row: SimulationRow, usable: int | None) -> str:
     result = row.result
-    low, high = result.reserved_range
-    peak = (f"{format_bytes(low)}–{format_bytes(high)} (depends on GPU timing)" if low != high
-            else format_bytes(result.peak_reserved_bytes))
+    peak = result.peak_reserved_text()
     of = f" of {format_bytes(usable)} usable" if usable else ""
     if result.oom is not None:
         failed = format_bytes(result.oom.requested_bytes)

@@ -247,6 +247,17 @@ class SimResult:
             return 0.0
         return 1.0 - self.peak_allocated_bytes / self.peak_reserved_bytes
 
+    def peak_reserved_text(self) -> str:
+        """The peak reserved as every view says it: with its range where GPU timing of
+        cross-stream frees can move it."""
+        from allocconf_widget.core.units import format_bytes
+
+        text = format_bytes(self.peak_reserved_bytes)
+        if self.timing_dependent:
+            low, high = self.reserved_range
+            text += f" ({format_bytes(low)}–{format_bytes(high)} by GPU timing)"
+        return text
+
     def oom_verdict(self) -> str:
         """"no" only when the self-check beside this result is confident; otherwise a "no"
         comes with its caveat, so no front end states a confident "no OOM" it cannot back.

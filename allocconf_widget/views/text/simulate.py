@@ -37,12 +37,7 @@ def _oom_cell(row: SimulationRow) -> str:
 
 def _peak_cell(row: SimulationRow) -> str:
     """The peak, and its range where GPU timing of cross-stream frees can move it."""
-    result = row.result
-    text = format_bytes(result.peak_reserved_bytes)
-    if result.timing_dependent:
-        low, high = result.reserved_range
-        text += f" ({format_bytes(low)}–{format_bytes(high)} by GPU timing)"
-    return text
+    return row.result.peak_reserved_text()
 
 
 def _header_lines(report: SimulationReport) -> list[str]:
