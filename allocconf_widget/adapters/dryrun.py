@@ -32,7 +32,7 @@ from typing import Any
 
 from allocconf_widget._errors import RuntimeStateError
 from allocconf_widget.adapters import torch_private as tp
-from allocconf_widget.core.gpu_profiles import GpuProfile
+from allocconf_widget.core.gpu_profiles import Convolution, GpuProfile
 
 #: fake addresses start here and grow by each block's 512-byte-aligned size (never reused,
 #: so every free names exactly one allocation)
@@ -188,8 +188,6 @@ def _recorder_class(torch: ModuleType) -> type:
             out = func(*args, **(kwargs or {}))
             log = self.log
             log.ops += 1
-            if rules is not None:
-                rules.after(func, args, out)
             for leaf in tp.tree_leaves(out):
                 if isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda":
                     storage = leaf.untyped_storage()
@@ -201,6 +199,8 @@ def _recorder_class(torch: ModuleType) -> type:
                         continue
                     log.alloc(key, size)
                     log.finalizers[key] = weakref.finalize(storage, log.free, key)
+            if rules is not None:  # after the outputs: a kernel's workspace is taken once they exist
+                rules.after(func, args, out)
             return out
 
     return _Recorder
@@ -216,7 +216,8 @@ class _Rules:
 
     * a cuBLAS workspace per thread at its first matmul, held to the end (the forward runs on
       the caller's thread, the backward on autograd's device thread: two workspaces);
-    * a cuDNN workspace around each convolution, within a stated bound.
+    * a cuDNN workspace after each convolution's outputs, freed when it returns, sized by
+      the rule measured on the H200 (``core.gpu_profiles.conv_workspace_bytes``).
     """
 
     def __init__(self, torch: ModuleType, log: _Log, gpu: GpuProfile) -> None:
@@ -245,21 +246,52 @@ class _Rules:
                 self.log.alloc(self._key(), self.cublas, synthetic="cuBLAS workspace")
 
     def after(self, func: Any, args: Any, out: Any) -> None:
-        if _op_name(func) not in _CONVS or not _on_cuda(self.torch, args):
+        name = _op_name(func)
+        if name not in _CONVS or not _on_cuda(self.torch, args):
             return
         from allocconf_widget.core.gpu_profiles import conv_workspace_bytes
 
-        sizes = [_nbytes(a) for a in args[:3]]
-        outs = sum(_nbytes(t) for t in self.torch_leaves(out))
-        bound = conv_workspace_bytes(sizes[0], outs, sizes[1] if len(sizes) > 1 else 0)
-        if bound > 0:
+        conv = _convolution(self.torch, name, args, out)
+        size = conv_workspace_bytes(conv) if conv is not None else 0
+        if size > 0:
             key = self._key()
             self.conv_workspaces += 1
-            self.log.alloc(key, bound, synthetic="cuDNN workspace (bound)")
+            self.log.alloc(key, size, synthetic="cuDNN workspace (estimate)")
             self.log.free(key)
 
-    def torch_leaves(self, out: Any) -> list[Any]:
-        return [t for t in tp.tree_leaves(out) if isinstance(t, self.torch.Tensor)]
+
+#: where each convolution op's operands sit in its arguments: (data, weight, stride, groups),
+#: with the incoming gradient first for the backward
+_CONV_ARGS = {
+    "convolution": (0, 1, 3, 8),
+    "convolution_backward": (1, 2, 4, 9),
+    "cudnn_convolution": (0, 1, 3, 5),
+    "cudnn_convolution_transpose": (0, 1, 4, 6),
+}
+
+
+def _convolution(torch: ModuleType, name: str, args: Any, out: Any) -> Convolution | None:
+    """The operands of one convolution op, as the workspace rule reads them."""
+    data_at, weight_at, stride_at, groups_at = _CONV_ARGS[name]
+    if len(args) <= weight_at:
+        return None
+    data, weight = args[data_at], args[weight_at]
+    if not isinstance(data, torch.Tensor) or not isinstance(weight, torch.Tensor) or data.dim() < 3:
+        return None
+    backward = name == "convolution_backward"
+    if backward:
+        output_bytes = _nbytes(args[0])
+    else:
+        output_bytes = sum(_nbytes(t) for t in tp.tree_leaves(out) if isinstance(t, torch.Tensor))
+    stride = args[stride_at] if len(args) > stride_at else 1
+    groups = args[groups_at] if len(args) > groups_at else 1
+    first_stride = stride[0] if isinstance(stride, list | tuple) and stride else stride
+    return Convolution(
+        input_bytes=_nbytes(data), output_bytes=output_bytes, weight_bytes=_nbytes(weight),
+        in_channels=int(data.shape[1]), kernel=int(weight.shape[2]) if weight.dim() > 2 else 1,
+        stride=int(first_stride) if isinstance(first_stride, int) else 1,
+        groups=int(groups) if isinstance(groups, int) else 1,
+        channels_last=int(data.shape[1]) > 1 and int(data.stride(1)) == 1, backward=backward)
 
 
 def _op_name(func: Any) -> str:
@@ -509,8 +541,9 @@ class DryRun:
             out.append(f"added {rules.workspaces} cuBLAS workspace(s) of "
                        f"{format_bytes(rules.cublas)} (one per thread that runs a matmul)")
         if rules.conv_workspaces:
-            out.append(f"added a cuDNN workspace bound around each of {rules.conv_workspaces:,} "
-                       "convolutions (the real algorithm's workspace may be smaller or larger)")
+            plural = "s" if rules.conv_workspaces != 1 else ""
+            out.append(f"added a cuDNN workspace to {rules.conv_workspaces:,} convolution{plural} (sized "
+                       "as measured on an H200; other GPUs' algorithms may borrow more or less)")
         return out
 
 

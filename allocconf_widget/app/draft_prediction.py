@@ -53,8 +53,10 @@ class DraftPrediction:
 
     @property
     def fits(self) -> bool | None:
-        """Whether the draft runs the step without an OOM that ends it (None: not predicted)."""
-        if self.draft is None:
+        """Whether the draft runs the step as recorded, without an OOM that ends it or one the
+        program's handler would meet where the recording had none (None: not predicted, or the
+        handler decides)."""
+        if self.draft is None or _handler_decides(self.draft):
             return None
         return not _fatal(self.draft)
 
@@ -82,6 +84,13 @@ def _fatal(row: SimulationRow) -> bool:
     return row.result.oom_fatal  # set only with an OOM, and never for one the program catches
 
 
+def _handler_decides(row: SimulationRow) -> bool:
+    """An OOM the program catches, met where the recording had none: its own handler decides
+    what follows (a smaller batch, a skipped step), which the replay cannot follow."""
+    result = row.result
+    return result.oom is not None and not result.oom_fatal and result.stopped_early
+
+
 def _said(row: SimulationRow, usable: int | None) -> str:
     result = row.result
     peak = result.peak_reserved_text()
@@ -90,12 +99,19 @@ def _said(row: SimulationRow, usable: int | None) -> str:
         failed = format_bytes(result.oom.requested_bytes)
         if _fatal(row):
             return f"runs out of memory: a {failed} request fails at {peak} reserved{of}."
-        return f"an OOM the program catches (a {failed} request); peak reserved {peak}{of}."
+        if _handler_decides(row):
+            return (f"a {failed} request fails where the recording did not; the program catches "
+                    f"its OOMs, so its own handler decides what follows (peak reserved {peak}{of} "
+                    "until then).")
+        return f"the OOM the program caught in the recording, caught again; peak reserved {peak}{of}."
     return f"peak reserved {peak}{of}; fits."
 
 
 def _compared(draft: SimulationRow, applied: SimulationRow) -> str:
     """The draft against the applied settings: fit against OOM first, else the peaks."""
+    if _handler_decides(draft) or _handler_decides(applied):
+        return ("Not comparable past the first OOM the recording did not have: the program's "
+                "handler decides what follows.")
     if _fatal(applied) and not _fatal(draft):
         return "The draft fits where the applied settings run out of memory."
     if _fatal(draft) and not _fatal(applied):
@@ -148,8 +164,5 @@ def _replay(source: TraceSource, trace: Trace, draft_conf: str, applied_conf: st
     same = draft_conf == applied_conf
     confs = (draft_conf,) if same else (draft_conf, applied_conf)
     report = simulate(source, SimulationRequest(confs=confs), trace=trace)
-    usable = None
-    if report.device_total is not None:
-        usable = report.device_total - (source.non_pytorch_bytes or 0)
-    return DraftPrediction(source.label, estimate, usable, draft_conf, applied_conf,
+    return DraftPrediction(source.label, estimate, report.usable_bytes, draft_conf, applied_conf,
                            draft=report.rows[0], applied=None if same else report.rows[1])

@@ -11,12 +11,13 @@ setting and GPU. docs/dryrun.md says what a dry run cannot see and how far it wa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from allocconf_widget._errors import AllocConfError, AllocConfWarning, RuntimeStateError
 from allocconf_widget.core.dryrun_facts import GAPS, LABEL, SNAPSHOT_MARK
@@ -27,7 +28,14 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from allocconf_widget.adapters.dryrun import DryRunTrace
-    from allocconf_widget.app.simulate import TraceSource
+    from allocconf_widget.app.simulate import RecordingHolder, SimulationReport, TraceCache, TraceSource
+
+    class EstimateHolder(RecordingHolder, Protocol):
+        """What :func:`session_estimate` needs of the Session (a protocol: the Session imports
+        this module)."""
+
+        @property
+        def trace_cache(self) -> TraceCache: ...
 
 
 
@@ -223,53 +231,37 @@ class Prediction:
 def predict(trace_or_run: Any, conf: str = "", gpu: str | GpuProfile | None = None, *,
             trace: Any = None) -> Prediction:
     """Replay a dry run (or any :class:`~allocconf_widget.app.simulate.TraceSource`) under
-    ``conf`` on ``gpu``: peak reserved and the OOM verdict. The decoded trace is kept on a
-    :class:`DryRunResult`, so calls for each slider position only replay; for a
-    ``TraceSource`` pass its decoded ``trace`` (``app.simulate.TraceCache`` has it).
+    ``conf`` on ``gpu``: peak reserved and the OOM verdict. The replay is the What-if's own
+    (:func:`allocconf_widget.app.simulate.simulate`), on the decoded trace a
+    :class:`DryRunResult` keeps, so calls for each slider position or batch size only replay;
+    for a ``TraceSource`` pass its decoded ``trace`` (``app.simulate.TraceCache`` has it).
 
     Raises:
         AllocConfError: ``conf`` is not a valid setting, or ``gpu`` is not a known profile.
     """
-    from allocconf_widget.core.sim.settings import SimSettings
-    from allocconf_widget.core.sim.simulator import simulate
-    from allocconf_widget.core.versions import installed_torch_version
+    from allocconf_widget.app.simulate import SimulationRequest, simulate
 
     run = trace_or_run.result if isinstance(trace_or_run, DryRunContext) else trace_or_run
     if run is None:
         raise RuntimeStateError("the dry run has not finished: predict after the `with` block")
     if isinstance(run, DryRunResult):
-        target = resolve_gpu(gpu)[0] if gpu is not None else run.gpu
-        decoded, version = run.decoded(), run.source().torch_version
-        total, outside, estimate = target.total_bytes, target.context_bytes, True
+        target: GpuProfile | None = resolve_gpu(gpu)[0] if gpu is not None else run.gpu
+        source, decoded, estimate = run.source(), run.decoded(), True
     else:  # a TraceSource (a recording): its own device unless a profile is named
-        from allocconf_widget.core.sim.trace import extract_trace
-
-        decoded = trace if trace is not None else extract_trace(run.snapshot, run.device)
-        version = run.torch_version
-        if gpu is not None:
-            target = resolve_gpu(gpu)[0]
-            total, outside = target.total_bytes, target.context_bytes
-        else:
-            total, outside = run.device_total, run.non_pytorch_bytes or 0
-            target = None
-        estimate = False
-    if version is None:
-        version = installed_torch_version()
-        if version is None or not version.known:
-            from allocconf_widget.core.versions import parse_version
-
-            version = parse_version("2.11")
+        target = resolve_gpu(gpu)[0] if gpu is not None else None
+        source, decoded, estimate = run, trace, False
+    if target is not None:
+        source = dataclasses.replace(source, device_total=target.total_bytes,
+                                     non_pytorch_bytes=target.context_bytes)
     with warnings.catch_warnings():  # a slider position is not the place for advice (the panel has it)
         warnings.simplefilter("ignore", AllocConfWarning)
-        settings = SimSettings.from_string(conf, version)
-    result = simulate(decoded, settings, device_total=total, non_pytorch_bytes=outside,
-                      series_points=2)
-    usable = (total or 0) - outside
+        report = simulate(source, SimulationRequest(confs=(conf,)), trace=decoded)
+    result = report.rows[0].result
     oom = result.oom
     return Prediction(conf, target.name if target is not None else "the recorded GPU",
-                      result.peak_reserved_bytes, result.peak_allocated_bytes, usable,
-                      fits=oom is None, oom_at_bytes=oom.requested_bytes if oom else None,
-                      estimate=estimate)
+                      result.peak_reserved_bytes, result.peak_allocated_bytes,
+                      report.usable_bytes or 0, fits=oom is None,
+                      oom_at_bytes=oom.requested_bytes if oom else None, estimate=estimate)
 
 
 # ---------------------------------------------------------------- batch planner
@@ -392,16 +384,39 @@ def compare_estimate(dry: DryRunResult, recording: TraceSource, confs: Sequence[
     Raises:
         AllocConfError: a setting is not valid.
     """
-    total = recording.device_total or dry.gpu.total_bytes
-    outside = recording.non_pytorch_bytes
-    if outside is None:
-        outside = dry.gpu.context_bytes
+    from allocconf_widget.app.simulate import SimulationRequest, simulate
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AllocConfWarning)
+        report = simulate(recording, SimulationRequest(confs=tuple(confs)), trace=trace)
+    return estimate_rows(dry, report)
+
+
+def estimate_rows(dry: DryRunResult, report: SimulationReport) -> EstimateCheck:
+    """The dry run's estimate for each row of a replay of the real recording (``report``: the
+    What-if's ranking, or :func:`compare_estimate`'s), on the recording's GPU: the recorded
+    peaks are the report's own, so nothing is replayed twice."""
+    total = report.device_total or dry.gpu.total_bytes
+    usable = report.usable_bytes
+    outside = total - usable if usable is not None else dry.gpu.context_bytes
     gpu = GpuProfile("recorded", "the recorded GPU", total, outside, dry.gpu.capability,
                      dry.gpu.multiprocessors)
-    if trace is None:
-        from allocconf_widget.core.sim.trace import extract_trace
-
-        trace = extract_trace(recording.snapshot, recording.device)
-    rows = tuple(EstimateRow(conf, predict(dry, conf, gpu).peak_reserved,
-                             predict(recording, conf, trace=trace).peak_reserved) for conf in confs)
+    rows = tuple(EstimateRow(row.conf, predict(dry, row.conf, gpu).peak_reserved,
+                             row.result.peak_reserved_bytes) for row in report.rows)
     return EstimateCheck(rows, gpu.name)
+
+
+def session_estimate(session: EstimateHolder, report: SimulationReport | None = None) -> EstimateCheck | None:
+    """The session's dry run beside its later ``%%allocconf record``, per setting: the rows of
+    ``report`` (the What-if's ranking of that recording) or :data:`CHECK_SETTINGS`. None when
+    the session lacks either. Kept per (recording, dry run, settings) in the trace cache."""
+    dry, recording = session.dry_run, session.recording
+    if not isinstance(dry, DryRunResult) or recording is None or recording.snapshot is None:
+        return None
+    if report is not None:
+        confs = tuple(row.conf for row in report.rows)
+        return session.trace_cache.memo(session, ("estimate", confs),
+                                        lambda _source, _trace: estimate_rows(dry, report))
+    return session.trace_cache.memo(
+        session, ("estimate", CHECK_SETTINGS),
+        lambda source, trace: compare_estimate(dry, source, CHECK_SETTINGS, trace=trace))

@@ -313,6 +313,9 @@ class SimulationReport:
     version_note: str | None = None  # how the torch release was chosen, when it was inferred
     notes: tuple[str, ...] = ()
     compared_with: str | None = None  # the kernel's settings the ranked rows compare with
+    #: the device memory the replay let the step use (total less the memory outside PyTorch,
+    #: as given or estimated); None: the device's capacity is unknown
+    usable_bytes: int | None = None
 
     @property
     def current(self) -> SimulationRow | None:
@@ -403,9 +406,10 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
     if trace.partial:
         notes.append(f"the trace is partial: {trace.unknown_frees:,} frees of memory allocated before "
                      "it began (ring buffer full); predictions cover only the recorded window")
+    usable = device_total - non_pytorch if device_total is not None else None
     head = SimulationReport(source.label, trace.describe(), trace.num_events, version, device_total,
                             fidelity=None, rows=(), ranked=False, start_state=start_state,
-                            version_note=version_note)
+                            version_note=version_note, usable_bytes=usable)
     if request.rank:
         return _ranked(head, trace, request, recorded, version, notes,
                        device_total=device_total, non_pytorch=non_pytorch, fraction=fraction)

@@ -109,8 +109,56 @@ def cublas_workspace_bytes(gpu: GpuProfile) -> int:
     return 2 * 4 * MIB + 8 * 16 * 1024
 
 
-def conv_workspace_bytes(input_bytes: int, output_bytes: int, weight_bytes: int) -> int:
-    """A bound on one cuDNN convolution's workspace (allocated and freed around the kernel):
-    the largest of its operands, at most 1 GiB (docs/dryrun.md: a stated bound, not cuDNN's
-    algorithm choice)."""
-    return min(max(input_bytes, output_bytes, weight_bytes), GIB)
+@dataclass(frozen=True)
+class Convolution:
+    """What the cuDNN workspace rule needs to know about one convolution op of a dry run."""
+
+    input_bytes: int
+    output_bytes: int  # the forward's output; for a backward, the incoming gradient
+    weight_bytes: int
+    in_channels: int
+    kernel: int  # the first spatial extent of the kernel (1 for a 1×1)
+    stride: int  # the first spatial stride
+    groups: int
+    channels_last: bool  # the input's channel dimension is its innermost (stride 1)
+    backward: bool
+
+
+#: a backward convolution's workspace over its operands' bytes (H200: median 1.02, upper deciles
+#: 1.1–1.4; 1.1 replayed the measured CNNs' peaks best, docs/dryrun.md)
+BACKWARD_WORKSPACE_RATIO = 1.1
+#: a channels-last backward convolution's workspace over its operands' bytes (H200: 0.02–0.39)
+CHANNELS_LAST_BACKWARD_RATIO = 0.2
+
+
+def conv_workspace_bytes(conv: Convolution) -> int:
+    """The cuDNN workspace one convolution borrows while it runs (allocated after its outputs,
+    freed when it returns), as measured on the H200 (torch 2.11, cuDNN 9.19, heuristic
+    algorithm choice: ``benchmarks/gpu/probe_op_transients.py``; docs/dryrun.md has the data).
+
+    cuDNN's kernels there work in NHWC: a contiguous (NCHW) convolution borrows room for
+    transposed copies of its operands, so the workspace is about their sum (input + output +
+    weight: a median of 1.00 of it in the forward, 1.02 in the backward). What borrows (mostly)
+    nothing: a 1×1 forward (a direct GEMM), grouped and depthwise
+    convolutions, a channels-last forward, and a first layer (≤ 4 input channels) unless its
+    kernel is large and overlapping (ResNet's 7×7/2 stem: the sum, or in channels-last its
+    input alone; 3×3 stems and ViT's patch embedding: 0). Other GPUs and cuDNN releases choose
+    other algorithms: for them this is an estimate of the same kind, never a bound. At most 1 GiB.
+    """
+    operands = conv.input_bytes + conv.output_bytes + conv.weight_bytes
+    if conv.groups > 1:
+        return 0
+    if conv.in_channels <= 4:
+        big_stem = conv.kernel >= 5 and conv.stride < conv.kernel
+        if not big_stem:
+            return 0
+        if conv.channels_last and not conv.backward:  # measured: a copy of its input alone
+            return min(conv.input_bytes, GIB)
+        ratio = BACKWARD_WORKSPACE_RATIO if conv.backward else 1.0
+    elif conv.channels_last:
+        ratio = CHANNELS_LAST_BACKWARD_RATIO if conv.backward else 0.0
+    elif conv.backward:
+        ratio = BACKWARD_WORKSPACE_RATIO
+    else:
+        ratio = 0.0 if conv.kernel == 1 else 1.0
+    return min(int(operands * ratio), GIB)

@@ -14,7 +14,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-DEFAULT_BATCH = {"lm": 16, "resnet18": 64, "llama": 8, "timm_vit": 32, "lightning": 64}
+DEFAULT_BATCH = {"lm": 16, "resnet18": 64, "llama": 8, "timm_vit": 32, "lightning": 64,
+                 "resnet50": 32, "mobilenet": 64, "vgg11": 16, "resnet18_bf16": 64, "resnet18_cl": 64}
 
 
 def run_lm(device: str, batch: int) -> None:
@@ -152,7 +153,51 @@ def run_lightning(device: str, batch: int) -> None:
                                 torch.randint(0, 10, (batch,), device=device)))
 
 
+def _torchvision_classifier(name: str, device: str, batch: int, *, bf16: bool = False,
+                            channels_last: bool = False) -> None:
+    """A torchvision classifier at 224 px, SGD with momentum, 2 steps (optionally under bf16
+    autocast, or with the model and images in channels-last layout)."""
+    import torchvision
+
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, name)(num_classes=1000).to(device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(2):
+        images = torch.randn(batch, 3, 224, 224, device=device)
+        if channels_last:
+            images = images.to(memory_format=torch.channels_last)
+        labels = torch.randint(0, 1000, (batch,), device=device)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss = nn.functional.cross_entropy(model(images).float(), labels)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def run_resnet50(device: str, batch: int) -> None:
+    _torchvision_classifier("resnet50", device, batch)
+
+
+def run_mobilenet(device: str, batch: int) -> None:
+    _torchvision_classifier("mobilenet_v3_small", device, batch)
+
+
+def run_vgg11(device: str, batch: int) -> None:
+    _torchvision_classifier("vgg11", device, batch)
+
+
+def run_resnet18_bf16(device: str, batch: int) -> None:
+    _torchvision_classifier("resnet18", device, batch, bf16=True)
+
+
+def run_resnet18_cl(device: str, batch: int) -> None:
+    _torchvision_classifier("resnet18", device, batch, channels_last=True)
+
+
 WORKLOADS: dict[str, Callable[[str, int], None]] = {
     "lm": run_lm, "resnet18": run_resnet18, "llama": run_llama, "timm_vit": run_timm_vit,
-    "lightning": run_lightning,
+    "lightning": run_lightning, "resnet50": run_resnet50, "mobilenet": run_mobilenet,
+    "vgg11": run_vgg11, "resnet18_bf16": run_resnet18_bf16, "resnet18_cl": run_resnet18_cl,
 }

@@ -7,6 +7,9 @@
 * ``streams3`` (timing-dependent pending frees): each setting ``--repeats`` times, one run at a
   time so that the GPU is otherwise idle.
 
+``--gc-only lightning_bf16`` records only that garbage-collection pair for Lightning's own
+``Trainer`` (``precision="bf16-mixed"``).
+
 Usage (on a CUDA machine): ``python benchmarks/gpu/record_edges.py --out DIR [--deadline 220]``.
 Names: ``<workload>__<setting>[_f<GiB>g][_r<k>]``; ``index.json`` lists every run.
 """
@@ -42,11 +45,33 @@ def _device_total() -> int:
     return int(out) << 20
 
 
+def _fraction_between(meta_path: Path, total: int) -> float:
+    """A memory fraction above the run's peak allocated but below its peak reserved, where the
+    allocator must free cached blocks (and garbage collection decides which)."""
+    meta = json.loads(meta_path.read_text())
+    peak_a = int(meta["stats"]["allocated_bytes.all.peak"])
+    peak_r = int(meta["stats"]["reserved_bytes.all.peak"])
+    return round(max(int(peak_a * 1.12), (peak_a + peak_r) // 2) / total, 6)
+
+
+def _gc_pair(workload: str, out: Path, spawn, total: int) -> list[dict[str, object]]:  # type: ignore[no-untyped-def]
+    runs = [spawn(workload, "default", "", None)]
+    if runs[0].get("rc") == 0:
+        fraction = _fraction_between(out / f"{workload}__default.json", total)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            runs += list(pool.map(lambda name: spawn(workload, f"frac_{name}", CONFS[name], fraction),
+                                  ("default", "gc06")))
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="recordings")
     parser.add_argument("--deadline", type=float, default=220.0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--gc-only", metavar="WORKLOAD",
+                        help="only the garbage-collection pair (defaults and gc06 under a fraction "
+                             "derived from a first default run) for this workload, e.g. lightning_bf16")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -64,6 +89,10 @@ def main() -> None:
     def frac(gib: float) -> float:
         return round(gib * GIB / total, 6)
 
+    if args.gc_only:
+        index.extend(_gc_pair(args.gc_only, out, spawn, total))
+        (out / "index.json").write_text(json.dumps(index, indent=1))
+        return
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         jobs = [pool.submit(spawn, "cnn_bf16", "default", "", None)]
         for w in ("batchfind", "batchgrow"):
@@ -73,10 +102,7 @@ def main() -> None:
             jobs.append(pool.submit(spawn, "batchfind", f"{name}_f3g", CONFS[name], frac(3)))
         base = jobs[0].result()
         if base.get("rc") == 0:
-            meta = json.loads((out / "cnn_bf16__default.json").read_text())
-            peak_a = int(meta["stats"]["allocated_bytes.all.peak"])
-            peak_r = int(meta["stats"]["reserved_bytes.all.peak"])
-            fraction = round(max(int(peak_a * 1.12), (peak_a + peak_r) // 2) / total, 6)
+            fraction = _fraction_between(out / "cnn_bf16__default.json", total)
             for name in ("default", "gc06"):
                 jobs.append(pool.submit(spawn, "cnn_bf16", f"frac_{name}", CONFS[name], fraction))
         index.extend(j.result() for j in jobs)

@@ -494,3 +494,42 @@ WORKLOADS.update({
     "streams3": streams3,
     "cnn_bf16": cnn_bf16,
 })
+
+
+def lightning_bf16(device: torch.device, log_step: StepLogger, steps: int = 30) -> None:
+    """``cnn_bf16``'s model trained by Lightning's own ``Trainer`` with ``precision="bf16-mixed"``
+    (issue 23 §4: a held-out recording of this kind replayed ``garbage_collection_threshold:0.6``
+    under a fraction 4 % low). Random batches of varying size and resolution, as ``cnn_bf16``."""
+    import lightning
+
+    del device  # the Trainer picks the GPU itself
+    _set_determinism()
+    rng = random.Random(12)
+    shapes = [(rng.choice([16, 32, 48, 64]), rng.choice([96, 128, 160, 192])) for _ in range(steps)]
+
+    class Batches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            for batch, res in shapes:
+                yield torch.randn(batch, 3, res, res), torch.randint(0, 1000, (batch,))
+
+    class Module(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _finder_model(torch.device("cpu"))
+
+        def training_step(self, data, index):  # type: ignore[no-untyped-def]
+            log_step(index)
+            x, y = data
+            return nn.functional.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):  # type: ignore[no-untyped-def]
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    trainer = lightning.Trainer(accelerator="gpu", devices=1, precision="bf16-mixed",
+                                max_steps=steps, logger=False, enable_checkpointing=False,
+                                enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Module(), torch.utils.data.DataLoader(Batches(), batch_size=None))
+    torch.cuda.synchronize()
+
+
+WORKLOADS["lightning_bf16"] = lightning_bf16

@@ -79,19 +79,13 @@ def assert_settings_still_open(out: dict) -> None:
     assert out["expandable_segment"] is True, out
 
 
-# ResNet-18 froze the settings before the fix in torch_private.fake_cuda_mode (BatchNorm's
-# one-element ``num_batches_tracked`` was copied to the GPU for real by FakeTensorMode's constant
-# propagation; benchmarks/gpu/probe_freeze.py): no mark, the test asserts the fix. The Llama freeze
-# is expected to have the same cause (transformers builds scalar tensors with torch.tensor), which
-# no probe has isolated yet: not strict, so either answer is reported without failing.
-_LLAMA_FREEZES = pytest.mark.xfail(
-    strict=False, reason="measured on the H200 (torch 2.11) before the fake_cuda_mode fix: after a "
-    "transformers Llama dry run the allocator settings were frozen although CUDA was not "
-    "initialised; the fix is expected to cover it, not yet measured (docs/dryrun.md)")
+# ResNet-18 and a transformers Llama froze the settings before the fix in
+# torch_private.fake_cuda_mode (BatchNorm's one-element ``num_batches_tracked`` was copied to the
+# GPU for real by FakeTensorMode's constant propagation; benchmarks/gpu/probe_freeze.py). Measured
+# on the H200 (torch 2.11) after the fix: every case below leaves the settings open.
 
 
-@pytest.mark.parametrize("workload", ["lm", "resnet18", pytest.param("llama", marks=_LLAMA_FREEZES),
-                                      "timm_vit", "lightning"])
+@pytest.mark.parametrize("workload", ["lm", "resnet18", "llama", "timm_vit", "lightning"])
 def test_dry_run_of_a_training_step_leaves_the_settings_open(workload):
     if workload in ("llama",):
         pytest.importorskip("transformers")
@@ -105,7 +99,6 @@ def test_dry_run_of_a_training_step_leaves_the_settings_open(workload):
     assert_settings_still_open(out)
 
 
-@_LLAMA_FREEZES
 def test_transformers_generate_stops_naming_the_line_and_leaves_the_settings_open():
     pytest.importorskip("transformers")
     out = dry_then_apply("""

@@ -45,7 +45,7 @@ ip.run_cell({_SETUP_CELL!r})
 rec = ip.run_cell_magic("allocconf", "-r record", {_TRAIN_CELL!r})
 result = ip.run_line_magic("allocconf", "-r simulate")
 info = ip.run_line_magic("allocconf", "-r show")
-current = next(c for c in result.candidates if c.is_current)
+current = next(c for c in result.rows if c.is_current)
 print("RESULT", json.dumps({{
     "events": rec.events, "real_window_peak": rec.peak_reserved,
     "sim_current_peak": current.result.peak_reserved_bytes,
@@ -53,7 +53,7 @@ print("RESULT", json.dumps({{
     "fidelity_exact": bool(result.fidelity and result.fidelity.exact),
     "readback_ok": info["readback"].ok if info["readback"] else None,
     "phase": info["state"].phase.name,
-    "top": [(c.conf, c.result.peak_reserved_bytes) for c in result.candidates[:4]],
+    "top": [(c.conf, c.result.peak_reserved_bytes) for c in result.rows[:4]],
 }}))
 """
 

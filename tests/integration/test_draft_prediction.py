@@ -168,3 +168,38 @@ def test_a_recording_too_long_for_a_slider_says_where_to_rank_it(session, panel,
     shown = panel.prediction.value
     assert f"has {recording.events:,} trace entries" in shown and "%allocconf simulate" in shown
     assert "peak reserved" not in shown
+
+
+def _batch_finder(tmp_path: Path, usable: int) -> CellRecording:
+    """``batchfind`` (H200, benchmarks/data): a batch-size finder that caught two OOMs under a
+    3 GiB memory fraction and finished; replayed on a card with ``usable`` bytes for PyTorch."""
+    import json
+    import tarfile
+
+    archive = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "batchfind.tar.xz"
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path, members=[m for m in tar.getmembers() if "default_f3g" in m.name],
+                       filter="data")
+    meta = json.loads((tmp_path / "batchfind__default_f3g.json").read_text())
+    outside = meta["device_total_bytes"] - meta["free_at_start_bytes"]
+    return CellRecording(snapshot=dict(load_snapshot(tmp_path / "batchfind__default_f3g.pickle")),
+                         torch_version="2.11.0", device_total=usable + outside,
+                         free_at_start=usable)
+
+
+def test_a_program_that_catches_its_ooms_is_never_called_dead(session, panel, tmp_path):
+    """On the recorded card the finder's OOMs are caught again, as recorded: it fits. On a
+    smaller card a request fails where the recording's did not: the program's own handler
+    decides what follows, which the replay cannot follow, so the panel says neither "fits"
+    nor "runs out of memory" (amber), and compares nothing past that point."""
+    session.set_recording(_batch_finder(tmp_path, 3 * GIB))
+    shown = panel.prediction.value
+    assert "the OOM the program caught in the recording, caught again" in shown
+    assert "#1b5e20" in shown and "runs out of memory" not in shown
+    session.set_recording(_batch_finder(tmp_path, 2 * GIB))
+    shown = panel.prediction.value
+    assert "fails where the recording did not; the program catches its OOMs, so its own handler " \
+           "decides what follows" in shown
+    assert "#8a6d00" in shown and "runs out of memory" not in shown and "; fits." not in shown
+    panel._rows["expandable_segments"].enabled.value = True
+    assert "Not comparable past the first OOM the recording did not have" in panel.prediction.value

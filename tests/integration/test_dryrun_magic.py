@@ -128,6 +128,37 @@ def test_a_recording_after_a_dryrun_says_how_far_the_estimate_was(ip, capsys):
     assert "ranking of the settings:" in out
 
 
+def test_the_whatif_tab_shows_each_rows_dry_run_estimate_once_the_real_run_is_recorded(ip, capsys):
+    """Closing the loop in the panel: after a dry run and a later recording, every ranked row of
+    the What if? tab says what the dry run estimated for that setting and how far it was, and
+    the summary whether the dry run ranked the settings as the recording does. The recording
+    here is the dry run's own trace (no GPU records here), so each estimate is exact."""
+    pytest.importorskip("ipywidgets")
+    from allocconf_widget.app.session import get_session
+    from allocconf_widget.views.widgets.whatif import WhatIfView
+
+    ip.run_cell_magic("allocconf", "dryrun --gpu h200", CELL)
+    capsys.readouterr()
+    session = get_session(ip)
+    dry = session.dry_run
+    view = WhatIfView(session)
+    try:
+        view.run()
+        assert "your dry run estimated" not in "".join(r.box.children[0].children[1].value
+                                                        for r in view._rows)  # no recording yet
+        session.set_recording(CellRecording(snapshot=dry.snapshot(), torch_version="2.11.0",
+                                            device_total=dry.gpu.total_bytes,
+                                            free_at_start=dry.gpu.usable_bytes))
+        view.run()
+        labels = [r.box.children[0].children[1].value for r in view._rows]
+        assert len(labels) >= 4
+        assert all("your dry run estimated " in label and "(+0.0%)" in label for label in labels)
+        assert "Your dry run against this recording (the closed loop): ranking of the settings: " \
+               "the same" in view.summary.value
+    finally:
+        view.close()
+
+
 def test_plan_chart_draws_one_line_per_setting_and_the_usable_memory(ip, capsys):
     from allocconf_widget.views.charts.dryrun import plan_figure
 

@@ -10,16 +10,25 @@ training steps are in ``tests/gpu/test_dryrun_gpu.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from allocconf_widget._errors import AllocConfError
-from allocconf_widget.core.gpu_profiles import PROFILES, GpuProfile, match_name, profile
+from allocconf_widget.core.gpu_profiles import (
+    PROFILES,
+    Convolution,
+    GpuProfile,
+    conv_workspace_bytes,
+    match_name,
+    profile,
+)
 from allocconf_widget.core.units import GIB, MIB
 from tests.torch_versions import cuda_build, needs_torch
 
@@ -59,6 +68,37 @@ def test_a_gpu_named_by_the_driver_gets_the_table_figures_and_the_driver_total()
     assert (found.key, found.capability, found.total_bytes) == ("a100-80", (8, 0), 85_899_345_920)
     other = match_name("NVIDIA RTX 6000 Ada Generation", 48 * GIB)
     assert other.key == "this-gpu" and other.total_bytes == 48 * GIB
+
+
+#: ResNet-18's second-stage 3×3 convolution at batch 64 (fp32, NCHW), as measured on the H200
+_CONV = Convolution(input_bytes=49 * MIB, output_bytes=49 * MIB, weight_bytes=147_456, in_channels=64,
+                    kernel=3, stride=1, groups=1, channels_last=False, backward=False)
+
+
+def _conv(**changes: Any) -> Convolution:
+    return dataclasses.replace(_CONV, **changes)
+
+
+def test_the_cudnn_workspace_rule_follows_the_h200_measurements():
+    """docs/dryrun.md's table: a contiguous 3×3 forward borrowed 98.1 MiB (its operands' sum), its
+    backward 100.1 MiB; a 1×1 forward, a depthwise one, a channels-last forward and a 3×3 stem
+    on 3 channels borrowed nothing; ResNet's 7×7/2 stem borrowed its operands' sum (232.8 MiB),
+    in channels-last its input's size."""
+    measured = {"3x3 forward": 98.1 * MIB, "3x3 backward": 100.1 * MIB}
+    assert conv_workspace_bytes(_conv()) == pytest.approx(measured["3x3 forward"], rel=0.05)
+    assert conv_workspace_bytes(_conv(backward=True)) == pytest.approx(measured["3x3 backward"], rel=0.1)
+    assert conv_workspace_bytes(_conv(kernel=1)) == 0
+    assert conv_workspace_bytes(_conv(groups=64)) == 0
+    assert conv_workspace_bytes(_conv(channels_last=True)) == 0
+    assert 0 < conv_workspace_bytes(_conv(channels_last=True, backward=True)) < 25 * MIB
+    stem = {"input_bytes": int(36.75 * MIB), "output_bytes": 196 * MIB, "weight_bytes": 37_632,
+            "in_channels": 3}
+    assert conv_workspace_bytes(_conv(**stem, kernel=3)) == 0
+    assert conv_workspace_bytes(_conv(**stem, kernel=7, stride=2)) == pytest.approx(232.8 * MIB, rel=0.02)
+    # the same stem in channels-last borrowed a copy of its input (36.8 MiB), not the sum
+    assert conv_workspace_bytes(_conv(**stem, kernel=7, stride=2, channels_last=True)) == int(36.75 * MIB)
+    assert conv_workspace_bytes(_conv(**stem, kernel=16, stride=16)) == 0  # a ViT's patch embedding
+    assert conv_workspace_bytes(_conv(input_bytes=4 * GIB)) == GIB  # never more than 1 GiB
 
 
 # ---------------------------------------------------------------- the dry run itself
@@ -255,6 +295,26 @@ def test_without_a_gpu_visible_to_nvml_the_prediction_is_for_a_t4_and_says_so():
         pytest.skip("this machine has a GPU NVML sees")
     gpu, note = resolve_gpu(None)
     assert gpu.key == "t4" and note is not None and "pass gpu=" in note
+
+
+@requires_fake_cuda
+def test_a_convolution_borrows_its_workspace_after_its_output_exists():
+    """cuDNN takes its workspace once the output is allocated and frees it on return: the
+    replay must see that order (taken before the output, the output would reuse its block)."""
+    import allocconf_widget
+
+    with allocconf_widget.dry_run("h200") as run, torch.no_grad():
+        conv = torch.nn.Conv2d(64, 64, 3, padding=1).to("cuda")
+        conv(torch.randn(8, 64, 56, 56, device="cuda"))
+    entries = run.trace.entries
+    at = next(i for i, e in enumerate(entries)
+              if e["frames"] and e["frames"][0]["name"] == "cuDNN workspace (estimate)")
+    output, workspace = entries[at - 1], entries[at]
+    assert output["action"] == "alloc" and output["size"] == 8 * 64 * 56 * 56 * 4
+    operands = 2 * output["size"] + 64 * 64 * 9 * 4
+    assert workspace["size"] == operands
+    assert [e["action"] for e in entries[at + 1:at + 3]] == ["free_requested", "free_completed"]
+    assert any("cuDNN workspace to 1 convolution (" in n for n in run.all_notes())
 
 
 @requires_fake_cuda

@@ -142,9 +142,11 @@ def check_recorded_run(path: Path) -> None:
         stats = meta.get("stats") or {}
         measured = {key: stats[key] for key in STATS if key in stats}
         predicted = {key: getattr(result, attr) for key, attr in STATS.items() if key in stats}
-        if trace.program_catches_ooms() and "num_sync_all_streams" in measured:
-            # a handler's empty_cache() right after the OOM path released everything writes no
-            # entry (nothing left to release), yet synchronises: the trace cannot count it
+        if "num_sync_all_streams" in measured:
+            # an empty_cache() with nothing cached to release writes no trace entry, yet
+            # synchronises: a handler's right after the OOM path released everything, or
+            # Lightning's teardown calling it again (lightning_bf16: 3 measured, 1 in the
+            # trace). The trace cannot count those, so the replay may count fewer, never more
             synced = measured.pop("num_sync_all_streams")
             assert predicted.pop("num_sync_all_streams") <= synced, where
         assert predicted == measured, f"{where}: memory_stats() differ"

@@ -126,17 +126,17 @@ def report_estimate(ctx: MagicContext) -> Any:
     """After ``%%allocconf record``: how far the last dry run's estimate was from the recording,
     per setting (nothing when there was no dry run). Never raises: recording must not fail
     because of a comparison."""
-    dry = ctx.session.dry_run
-    if dry is None:
+    if ctx.session.dry_run is None:
         return None
-    from allocconf_widget.app.dryrun import compare_estimate
-    from allocconf_widget.app.simulate import trace_source
+    from allocconf_widget.app.dryrun import session_estimate
     from allocconf_widget.views.text.dryrun import render_estimate_check
 
     try:
-        check = compare_estimate(dry, trace_source(ctx.session))
+        check = session_estimate(ctx.session)
     except Exception as exc:  # a comparison must never break recording
         print(f"note: the dry run's estimate could not be compared with this recording ({exc})")
+        return None
+    if check is None:
         return None
     print(render_estimate_check(check), end="")
     return check

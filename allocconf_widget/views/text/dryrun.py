@@ -37,14 +37,26 @@ def render_plan(plan: BatchPlan) -> str:
     return "\n".join(lines) + "\n"
 
 
+def estimate_beside(check: EstimateCheck, conf: str) -> str | None:
+    """What the dry run estimated for one setting, beside the recording's replay of it."""
+    row = next((r for r in check.rows if r.conf == conf), None)
+    if row is None:
+        return None
+    return f"your dry run estimated {format_bytes(row.estimated)} ({100 * row.error:+.1f}%)"
+
+
+def estimate_verdict(check: EstimateCheck) -> str:
+    """One sentence: did the dry run rank the settings as the recording does, and its worst error."""
+    worst = check.worst()
+    return (f"ranking of the settings: {'the same' if check.ranking_agrees else 'DIFFERENT'}; "
+            f"largest error {100 * worst.error:+.1f}% ({worst.conf or '(torch defaults)'})")
+
+
 def render_estimate_check(check: EstimateCheck) -> str:
     """The dry run's estimate beside the recorded run, per setting, and whether the ranking held."""
     rows = [["setting", "dry run (estimate)", "recorded (replayed)", "error"]]
     rows += [[r.conf or "(torch defaults)", format_bytes(r.estimated), format_bytes(r.recorded),
               f"{100 * r.error:+.1f}%"] for r in check.rows]
-    worst = check.worst()
     lines = ["How far the dry run's estimate was from this recording (peak reserved):",
-             *aligned_table(rows, indent="  "),
-             f"  ranking of the settings: {'the same' if check.ranking_agrees else 'DIFFERENT'}; "
-             f"largest error {100 * worst.error:+.1f}% ({worst.conf or '(torch defaults)'})"]
+             *aligned_table(rows, indent="  "), f"  {estimate_verdict(check)}"]
     return "\n".join(lines) + "\n"

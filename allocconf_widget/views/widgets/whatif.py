@@ -35,10 +35,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from allocconf_widget.app.candidates import CandidatePlan, apply_candidate, plan_candidate, plan_for_session
+from allocconf_widget.app.dryrun import EstimateCheck
 from allocconf_widget.app.session import ApplyOutcome, Session
 from allocconf_widget.app.simulate import SimulationReport, SimulationRequest, SimulationRow, simulate
 from allocconf_widget.core.units import format_bytes
 from allocconf_widget.views.charts.style import COLORS
+from allocconf_widget.views.text.dryrun import estimate_beside, estimate_verdict
 
 Run = tuple[str, list[float], list[float], float, bool]  # label, x, reserved, peak, OOM
 
@@ -138,6 +140,17 @@ class _Row:
     yes: Any = None
 
 
+def _estimate_quietly(session: Session, report: SimulationReport) -> EstimateCheck | None:
+    """The session's dry run beside the recording's rows; None without both, or when the
+    comparison fails (it must never cost the user the ranking)."""
+    from allocconf_widget.app.dryrun import session_estimate
+
+    try:
+        return session_estimate(session, report)
+    except Exception:
+        return None
+
+
 class WhatIfView:
     """The tab's widgets. ``view.widget`` is displayed; ``view.run()`` computes (any thread)."""
 
@@ -166,6 +179,7 @@ class WhatIfView:
                               self.summary, self.charts, self.rows])
         self.widget.add_class("allocconf-whatif")
         self.report: SimulationReport | None = None
+        self.estimate: EstimateCheck | None = None  # the session's dry run beside these rows
         self.compared_with: str | None = None
         self.rerank: threading.Thread | None = None  # a re-ranking after an Apply, if one runs
         self._rows: list[_Row] = []
@@ -221,6 +235,7 @@ class WhatIfView:
                 kernel = self.session.view().effective
                 report = simulate(source, SimulationRequest(rank=True, kernel=kernel,
                                                             progress=self._progress), trace)
+                self.estimate = _estimate_quietly(self.session, report)
                 self.report = report
                 self.compared_with = kernel.to_string()
                 self._render(report)
@@ -240,6 +255,9 @@ class WhatIfView:
 
     def _render(self, report: SimulationReport) -> None:
         notes = [html.escape(n) for n in report.all_notes()]
+        if self.estimate is not None:
+            notes.append("Your dry run against this recording (the closed loop): "
+                         + html.escape(estimate_verdict(self.estimate)))
         self.summary.value = "<br>".join([html.escape(h) for h in report.headline()] + notes)
         self.charts.children = self._charts(_runs(report))
         self._rows = [self._row(row) for row in report.rows]
@@ -255,8 +273,11 @@ class WhatIfView:
         apply = W.Button(description="Apply", layout=W.Layout(width="80px"))
         apply.add_class("allocconf-whatif-apply")
         tag = " <b>(this kernel)</b>" if sim_row.is_current else ""
+        beside = estimate_beside(self.estimate, sim_row.conf) if self.estimate is not None else None
+        estimate = (f' <span class="allocconf-whatif-estimate">· {html.escape(beside)}</span>'
+                    if beside else "")
         label = W.HTML(f"<code>{html.escape(sim_row.shown_conf)}</code>{tag} — "
-                       f"{html.escape(sim_row.reason or '')}", layout=W.Layout(width="85%"))
+                       f"{html.escape(sim_row.reason or '')}{estimate}", layout=W.Layout(width="85%"))
         box = W.VBox([W.HBox([apply, label])])
         box.add_class("allocconf-whatif-row")
         row = _Row(sim_row.conf, sim_row.is_current, apply, box)
