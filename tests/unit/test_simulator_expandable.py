@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
+from allocconf_widget.core.sim import sorted_keys
 from tests.trace_builder import TraceBuilder
 from tests.unit.test_simulator import KiB, MiB, cached, engine, run, segs, settings
 
@@ -135,6 +137,27 @@ def test_best_fit_prefers_the_block_that_would_grow_least() -> None:
     eng = engine(b, settings(**ES))
     assert sorted(cached(eng)) == [3 * MiB, 18 * MiB]
     assert keep
+
+
+@pytest.mark.parametrize("load", [None, 1])
+def test_best_fit_prefers_the_block_that_would_grow_least_in_a_long_free_list(load: int | None) -> None:
+    # GIVEN free blocks of 16 MiB, 18 MiB at the mapped end (growable) and 20 MiB (cannot
+    # grow) in three 20 MiB pages, their keys in one list or (LOAD 1) in chunks of ≤ 2 keys
+    b = TraceBuilder()
+    a = b.alloc(20 * MiB)
+    keep = b.alloc(2 * MiB)
+    c = b.alloc(16 * MiB)
+    keep2 = b.alloc(4 * MiB)
+    tail = b.alloc(18 * MiB)
+    for addr in (a, c, tail):
+        b.free(addr)
+    # WHEN 17 MiB is requested, 18 MiB is the first fit by size but 20 MiB grows less
+    b.alloc(17 * MiB)
+    with mock.patch.object(sorted_keys, "LOAD", load or sorted_keys.LOAD):
+        eng = engine(b, settings(**ES))
+    assert sorted(cached(eng)) == [3 * MiB, 16 * MiB, 18 * MiB]
+    assert (eng.large_lists[0].keys.one is None) == (load == 1)
+    assert keep and keep2
 
 
 def test_no_expandable_segments_before_2_1() -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
+from unittest import mock
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from allocconf_widget.core.sim import sorted_keys
 from allocconf_widget.core.sim.blocks import Block
 from allocconf_widget.core.sim.engine import Engine
 from allocconf_widget.core.sim.settings import SimSettings, round_size
@@ -23,14 +26,11 @@ sizes = st.one_of(
     st.integers(10 * MiB, 90 * MiB),
     st.sampled_from([512, 4096, MiB, 2 * MiB, 20 * MiB, 64 * MiB]),
 )
-actions = st.lists(
-    st.one_of(
-        st.tuples(st.just("alloc"), sizes, st.sampled_from([0, 0, 0, 5])),
-        st.tuples(st.just("free"), st.integers(0, 10_000), st.just(0)),
-    ),
-    min_size=4,
-    max_size=80,
+action = st.one_of(
+    st.tuples(st.just("alloc"), sizes, st.sampled_from([0, 0, 0, 5])),
+    st.tuples(st.just("free"), st.integers(0, 10_000), st.just(0)),
 )
+actions = st.lists(action, min_size=4, max_size=80)
 versions = st.sampled_from([TorchVersion(2, minor) for minor in (0, 3, 5, 6, 9, 10, 11, 12, 13, 15)])
 
 
@@ -142,8 +142,8 @@ def check_invariants(eng: Engine) -> None:
             blk = nxt
     assert mapped_total == eng.reserved
     for fl in eng.small_lists + eng.large_lists:
-        assert fl.keys == sorted(fl.keys)
-        assert set(fl.keys) == set(fl.blocks)
+        keys = list(fl.keys)
+        assert keys == sorted(fl.blocks)
         for key, blk in fl.blocks.items():
             assert key == (blk.size << 64) | blk.tb and blk.key == key
             assert not blk.busy and blk.mapped and blk.fl is fl
@@ -164,6 +164,32 @@ def test_invariants_hold_after_every_event(
         check_invariants(eng)
         if device is not None:
             assert eng.reserved <= device
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(action, min_size=40, max_size=200), config=sim_settings(),
+       load=st.sampled_from([1, 1, 4]))
+def test_free_lists_in_many_chunks_replay_the_same(
+    steps: list[tuple[str, int, int]], config: tuple[SimSettings, int | None], load: int
+) -> None:
+    """A free list's keys split into chunks (SortedKeys, as a free list of thousands of
+    cached blocks is; here chunks of a few keys) replay exactly as in one sorted list."""
+    s, device = config
+    trace = build(steps).build()
+
+    def outcome() -> dict[str, Any]:
+        result = simulate(trace, s, device_total=device, stop_at_oom=False, record_segments=True)
+        fields = dataclasses.asdict(result)
+        del fields["seconds"]
+        return fields
+
+    plain = outcome()
+    with mock.patch.object(sorted_keys, "LOAD", load):
+        assert outcome() == plain
+        eng = Engine(trace, s, device_total=device, stop_at_oom=False)
+        for i in range(trace.num_ops):
+            eng.run_ops(i, i + 1)
+            check_invariants(eng)
 
 
 @settings(max_examples=100, deadline=None)

@@ -1,15 +1,15 @@
 """Blocks and free lists of the replay engine.
 
 A :class:`Block` is a piece of a segment; a :class:`FreeList` holds the cached
-blocks of one pool on one stream as a sorted list of int keys
-``size << 64 | tiebreak`` plus a dict from key to block, so best fit is one
-:func:`bisect.bisect_left` over ints. :class:`Pool` is torch's ``BlockPool``:
-one per (private pool id, small/large) across streams, owning the GC clock.
+blocks of one pool on one stream as sorted int keys ``size << 64 | tiebreak``
+(:class:`~.sorted_keys.SortedKeys`) plus a dict from key to block, so best fit is a
+search over ints (:meth:`~.sorted_keys.SortedKeys.ceiling`). :class:`Pool` is torch's
+``BlockPool``: one per (private pool id, small/large) across streams, owning the GC clock.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from allocconf_widget.core.sim.sorted_keys import SortedKeys
 
 KEY_SHIFT = 64
 NO_CHANGE = 1 << 62  # FreeList.dirty when nothing was freed or unmapped since the last search
@@ -88,7 +88,7 @@ class FreeList:
     def __init__(self, pool: Pool, stream: int) -> None:
         self.pool = pool
         self.stream = stream
-        self.keys: list[int] = []
+        self.keys = SortedKeys()
         self.blocks: dict[int, Block] = {}
         self.unmapped: list[Block] = []  # address order
         self.unmapped_ptrs: list[int] = []
@@ -105,7 +105,7 @@ def insert_free(b: Block) -> None:
     """Put a free mapped block into its (pool, stream) list, resetting its GC age."""
     fl = b.fl
     k = (b.size << KEY_SHIFT) | b.tb
-    insort(fl.keys, k)
+    fl.keys.add(k)
     fl.blocks[k] = b
     b.key = k
     b.gcb = fl.pool.clock
@@ -131,8 +131,7 @@ def releasable(b: Block) -> bool:
 def remove_free(b: Block) -> None:
     """Take a block out of its free list."""
     fl = b.fl
-    keys = fl.keys
-    del keys[bisect_left(keys, b.key)]
+    fl.keys.remove(b.key)
     del fl.blocks[b.key]
 
 

@@ -9,9 +9,10 @@ OOM path and GC in :mod:`.reclaim`, expandable segments in
 
 Speed is a design goal (≥ 500k trace events/s per configuration in CPython):
 
-* the free list of one (pool, stream) is a sorted ``list`` of int keys
-  ``size << 64 | tiebreak`` searched with :func:`bisect.bisect_left`, so a
-  best-fit lookup compares ints only, plus a dict from key to block;
+* the free list of one (pool, stream) keeps sorted int keys
+  ``size << 64 | tiebreak`` (:class:`~.sorted_keys.SortedKeys`: one sorted ``list``, which
+  this loop searches with :func:`bisect.bisect_left` itself, or sorted chunks when long), so
+  a best-fit lookup compares ints only, plus a dict from key to block;
 * blocks are ``__slots__`` objects; addresses in the trace were interned to
   dense ids, so "which block lives at this address" is a list index;
 * :meth:`Engine.run_ops` is one flat loop with everything bound to locals;
@@ -27,8 +28,9 @@ from bisect import bisect_left, insort
 from time import perf_counter
 from typing import TYPE_CHECKING
 
+from allocconf_widget.core.gcpause import paused_gc
 from allocconf_widget.core.sim import expandable as xp
-from allocconf_widget.core.sim import reclaim
+from allocconf_widget.core.sim import reclaim, sorted_keys
 from allocconf_widget.core.sim.blocks import (
     KEY_SHIFT,
     Block,
@@ -158,7 +160,8 @@ class Engine:
         self.fresh: list[Block] = []  # blocks the hot loop cached since the last drain (blocks.drain)
         self.rcache: dict[int, int] = {}
         self.counter = itertools.count()
-        self._build_pools(trace, rules)
+        with paused_gc():  # a free list per (pool, stream): with many pools, ~1M objects
+            self._build_pools(trace, rules)
         # statistics
         self.reserved = self.allocated = self.active = self.requested = 0
         self.peak_reserved = self.peak_active = self.peak_allocated = 0
@@ -325,6 +328,7 @@ class Engine:
         next_ctr = self.counter.__next__
         fresh_append = self.fresh.append
         new_block = Block
+        one_max = 2 * sorted_keys.LOAD  # insort into SortedKeys.one while it is shorter
         allocated, active, requested = self.allocated, self.active, self.requested
         cmax, amax = self.chunk_max_alloc, self.peak_active
         stopped = False
@@ -338,20 +342,29 @@ class Engine:
                 fl = smalls[lane] if small else larges[lane]
                 if gc_on:
                     fl.pool.clock += 1
-                keys = fl.keys
-                blk = None
-                j = bisect_left(keys, r << 64)
-                if j < len(keys):
-                    if exp_lookup:
-                        blk = take_exp(self, fl, j, r)
+                if exp_lookup:
+                    blk = take_exp(self, fl, r)
+                else:
+                    # the free list's keys are one sorted list unless it is long (SortedKeys.one)
+                    one = fl.keys.one
+                    if one is not None:
+                        j = bisect_left(one, r << 64)
+                        k = one[j] if j < len(one) else -1
                     else:
-                        k = keys[j]
+                        found = fl.keys.ceiling(r << 64)
+                        k = -1 if found is None else found
+                    if k < 0:
+                        blk = None
+                    else:
                         blk = fl.blocks[k]
                         bs = blk.size
                         if bs >= max_split and (r < max_split or bs >= r + slack):
                             blk = None
                         else:
-                            del keys[j]
+                            if one is not None:
+                                del one[j]
+                            else:
+                                fl.keys.remove(k)
                             del fl.blocks[k]
                 if blk is None:
                     self.allocated, self.active, self.requested = allocated, active, requested
@@ -380,7 +393,11 @@ class Engine:
                     if by_addr:
                         blk.tb = ptr
                     k = (rest << 64) | blk.tb
-                    insort(fl.keys, k)
+                    one = fl.keys.one  # read again: malloc_miss may have changed it
+                    if one is not None and len(one) < one_max:
+                        insort(one, k)
+                    else:
+                        fl.keys.add(k)
                     fl.blocks[k] = blk
                     blk.key = k
                     if gc_on:
@@ -410,11 +427,15 @@ class Engine:
                 blk.busy = False
                 fl = blk.fl
                 keys = fl.keys
+                one = keys.one  # only a method call below turns it to None or back
                 fb = fl.blocks
                 p = blk.prev
                 if p is not None and not p.busy and p.mapped:
                     k = p.key
-                    del keys[bisect_left(keys, k)]
+                    if one is not None:
+                        del one[bisect_left(one, k)]
+                    else:
+                        keys.remove(k)
                     del fb[k]
                     blk.ptr = p.ptr
                     blk.size += p.size
@@ -427,7 +448,10 @@ class Engine:
                 q = blk.next
                 if q is not None and not q.busy and q.mapped:
                     k = q.key
-                    del keys[bisect_left(keys, k)]
+                    if one is not None:
+                        del one[bisect_left(one, k)]
+                    else:
+                        keys.remove(k)
                     del fb[k]
                     blk.size += q.size
                     qn = q.next
@@ -435,7 +459,10 @@ class Engine:
                     if qn is not None:
                         qn.prev = blk
                 k = (blk.size << 64) | blk.tb
-                insort(keys, k)
+                if one is not None and len(one) < one_max:
+                    insort(one, k)
+                else:
+                    keys.add(k)
                 fb[k] = blk
                 blk.key = k
                 if gc_on:
@@ -522,14 +549,14 @@ class Engine:
         rules = self.rules
         if rules.gc_enabled:
             fl.pool.clock += 1
-        j = bisect_left(fl.keys, r << KEY_SHIFT)
-        if j >= len(fl.keys):
-            return None
         if rules.expandable:
-            return xp.take_free_expandable(self, fl, j, r)
+            return xp.take_free_expandable(self, fl, r)
         if self.skip_expandable:
-            return xp.take_free_skipping_expandable(self, fl, j, r)
-        b = fl.blocks[fl.keys[j]]
+            return xp.take_free_skipping_expandable(self, fl, r)
+        k = fl.keys.ceiling(r << KEY_SHIFT)
+        if k is None:
+            return None
+        b = fl.blocks[k]
         if b.size >= rules.max_split and (r < rules.max_split or b.size >= r + rules.oversize_slack):
             return None
         remove_free(b)

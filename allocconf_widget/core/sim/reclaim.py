@@ -9,7 +9,6 @@ They run only when a request misses the cache (or the trace shows an
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from typing import TYPE_CHECKING, Any
 
 from allocconf_widget.core.sim.blocks import KEY_SHIFT, Block, FreeList, candidates, drain, remove_free
@@ -37,20 +36,22 @@ def release_oversize(eng: EngineCore, fl: FreeList, r: int, i: int) -> bool:
         return False
     need = max(r, max_split)
     keys, blocks = fl.keys, fl.blocks
-    j = bisect_left(keys, need << KEY_SHIFT)
-    if j < len(keys) and blocks[keys[j]].seg is None:
-        release_block(eng, blocks[keys[j]], i)
+    k = keys.ceiling(need << KEY_SHIFT)
+    if k is not None and blocks[k].seg is None:
+        release_block(eng, blocks[k], i)
         return True
     released = 0
-    j -= 1
-    while released < need and j >= 0:
-        b = blocks[keys[j]]
+    # down from the largest key below need; a released block leaves the keys, so each step
+    # asks again for the next key below the last one seen
+    k = keys.lower(need << KEY_SHIFT)
+    while released < need and k is not None:
+        b = blocks[k]
         if b.size < max_split:
             break
         if b.seg is None and b.prev is None and b.next is None:
             released += b.size
             release_block(eng, b, i)
-        j -= 1
+        k = keys.lower(k)
     return released >= need
 
 
