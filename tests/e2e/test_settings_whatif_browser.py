@@ -209,3 +209,45 @@ def test_settings_tab_predicts_each_draft_from_the_recording(notebook_page, ui):
     if ui == "lab":
         _docs_image(nb, panel, "settings-prediction")
     assert nb.getenv(VAR) is None  # predicting applied nothing
+
+
+_DRY_RUN_CELL = """%%allocconf dryrun --gpu h200
+import torch
+model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
+                            torch.nn.Linear(1024, 256)).to("cuda")
+with torch.no_grad():
+    model(torch.randn(512, 256, device="cuda"))"""
+
+# the real run, recorded later: no GPU here, so the dry run's own trace stands in for it (each
+# estimate is then exact: the test is about what the tab shows, docs/dryrun.md has the accuracy)
+_RECORDED_LATER = """from allocconf_widget.adapters.recorder import CellRecording
+from allocconf_widget.app.session import get_session
+session = get_session(get_ipython())
+dry = session.dry_run
+session.set_recording(CellRecording(snapshot=dry.snapshot(), torch_version="2.11.0",
+                                    device_total=dry.gpu.total_bytes, free_at_start=dry.gpu.usable_bytes))"""
+
+
+@pytest.mark.parametrize("ui", UIS)
+def test_whatif_rows_show_the_dry_runs_estimate_once_the_run_is_recorded(notebook_page, ui):
+    from tests.torch_versions import has_torch
+
+    if not has_torch((2, 6)):
+        pytest.skip("the dry run's fake CUDA tensors need torch 2.6+ (verified on 2.11 and 2.13)")
+    nb = notebook_page(["%load_ext allocconf_widget", _DRY_RUN_CELL, _RECORDED_LATER, "%allocconf"], ui=ui)
+    nb.run_all(timeout=180)
+    panel = nb.page.locator(".allocconf-panel")
+    panel.wait_for(state="visible", timeout=30_000)
+    _tab(panel, "What if?")
+    button = find_widget(panel, "whatif-run").first
+    button.wait_for(state="visible", timeout=30_000)
+    button.click()
+    rows = panel.locator(".allocconf-whatif-row")
+    wait_until(lambda: rows.count() > 3, timeout=60, interval=0.05, what="What-if rows")
+    summary = wait_for_text(panel, "whatif-summary", re.compile(r"the closed loop"))
+    assert ("Your dry run against this recording (the closed loop): ranking of the settings: "
+            "the same") in summary
+    texts = [rows.nth(i).inner_text() for i in range(rows.count())]
+    if ui == "lab":
+        _docs_image(nb, panel, "whatif-dryrun")
+    assert all(re.search(r"your dry run estimated [\d.]+ (KiB|MiB|GiB) \(\+0\.0%\)", t) for t in texts), texts

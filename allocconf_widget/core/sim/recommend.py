@@ -213,9 +213,8 @@ def recommend(
         for (conf, kind, s), r in zip(entries, results, strict=True)
     ]
     candidates.sort(key=_rank_key)
-    if fidelity is not None and fidelity.recorded_events == 0:
-        notes.append("the trace holds no segment events, so the model could not be checked")
-    elif fidelity is not None and not fidelity.exact:
+    # a trace without segment events: the model check's own line says so (Fidelity.summary)
+    if fidelity is not None and fidelity.recorded_events > 0 and not fidelity.exact:
         notes.append(
             "the replay of the current settings does not reproduce the recorded segment "
             f"events exactly ({fidelity.summary()}); treat the ranking as approximate"

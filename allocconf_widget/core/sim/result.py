@@ -118,7 +118,10 @@ class Fidelity:
     def summary(self) -> str:
         """One line for people."""
         if self.recorded_events == 0:
-            if self.simulated_events:
+            if self.simulated_events and self.first_divergence is None:
+                text = ("the trace records no segment events (a dry run records none), so there "
+                        "is nothing to check the model against")
+            elif self.simulated_events:
                 text = (f"no recorded segment events to check against, but the replay made "
                         f"{self.simulated_events}: the model needed memory the real run did not")
             else:
@@ -339,7 +342,10 @@ def compare_segments(
         tail = SequenceMatcher(None, rec[prefix:], sim[prefix:], autojunk=False)
         matched = prefix + sum(block.size for block in tail.get_matching_blocks())
     divergence = None
-    if not exact:
+    # a trace with no segment events that starts from an empty allocator (a dry run) has
+    # nothing to diverge from: a real run from empty always makes segments, so it recorded none
+    uncheckable = not rec and trace.initial_state is None
+    if not exact and not uncheckable:
         divergence = Divergence(
             position=prefix,
             recorded_event_index=trace.seg_index[prefix] if prefix < len(rec) else None,
