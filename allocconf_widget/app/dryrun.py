@@ -255,7 +255,8 @@ def predict(trace_or_run: Any, conf: str = "", gpu: str | GpuProfile | None = No
                                      non_pytorch_bytes=target.context_bytes)
     with warnings.catch_warnings():  # a slider position is not the place for advice (the panel has it)
         warnings.simplefilter("ignore", AllocConfWarning)
-        report = simulate(source, SimulationRequest(confs=(conf,)), trace=decoded)
+        # one setting: replayed in this process (a worker pool costs more than the replay)
+        report = simulate(source, SimulationRequest(confs=(conf,), workers=1), trace=decoded)
     result = report.rows[0].result
     oom = result.oom
     return Prediction(conf, target.name if target is not None else "the recorded GPU",
@@ -396,14 +397,19 @@ def estimate_rows(dry: DryRunResult, report: SimulationReport) -> EstimateCheck:
     """The dry run's estimate for each row of a replay of the real recording (``report``: the
     What-if's ranking, or :func:`compare_estimate`'s), on the recording's GPU: the recorded
     peaks are the report's own, so nothing is replayed twice."""
+    from allocconf_widget.app.simulate import SimulationRequest, simulate
+
     total = report.device_total or dry.gpu.total_bytes
     usable = report.usable_bytes
     outside = total - usable if usable is not None else dry.gpu.context_bytes
-    gpu = GpuProfile("recorded", "the recorded GPU", total, outside, dry.gpu.capability,
-                     dry.gpu.multiprocessors)
-    rows = tuple(EstimateRow(row.conf, predict(dry, row.conf, gpu).peak_reserved,
-                             row.result.peak_reserved_bytes) for row in report.rows)
-    return EstimateCheck(rows, gpu.name)
+    on_that_gpu = dataclasses.replace(dry.source(), device_total=total, non_pytorch_bytes=outside)
+    confs = tuple(row.conf for row in report.rows)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AllocConfWarning)
+        estimated = simulate(on_that_gpu, SimulationRequest(confs=confs), trace=dry.decoded())
+    rows = tuple(EstimateRow(row.conf, estimate.result.peak_reserved_bytes, row.result.peak_reserved_bytes)
+                 for row, estimate in zip(report.rows, estimated.rows, strict=True))
+    return EstimateCheck(rows, "the recorded GPU")
 
 
 def session_estimate(session: EstimateHolder, report: SimulationReport | None = None) -> EstimateCheck | None:
