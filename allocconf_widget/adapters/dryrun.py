@@ -188,19 +188,20 @@ def _recorder_class(torch: ModuleType) -> type:
             out = func(*args, **(kwargs or {}))
             log = self.log
             log.ops += 1
+            # a kernel's workspace is taken once the output it works for exists
+            borrowed = rules.after(func, args, out) if rules is not None else {}
             for leaf in tp.tree_leaves(out):
                 if isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda":
                     storage = leaf.untyped_storage()
                     key = id(storage)
-                    if key in log.live:
-                        continue
-                    size = int(storage.nbytes())
-                    if size <= 0:  # zero-byte storages are not allocations
-                        continue
-                    log.alloc(key, size)
-                    log.finalizers[key] = weakref.finalize(storage, log.free, key)
-            if rules is not None:  # after the outputs: a kernel's workspace is taken once they exist
-                rules.after(func, args, out)
+                    if key not in log.live and int(storage.nbytes()) > 0:  # zero bytes: no allocation
+                        log.alloc(key, int(storage.nbytes()))
+                        log.finalizers[key] = weakref.finalize(storage, log.free, key)
+                if rules is not None and borrowed:
+                    rules.borrow(borrowed.pop(id(leaf), 0))
+            if rules is not None:
+                for size in borrowed.values():  # an output that was no new allocation
+                    rules.borrow(size)
             return out
 
     return _Recorder
@@ -216,8 +217,8 @@ class _Rules:
 
     * a cuBLAS workspace per thread at its first matmul, held to the end (the forward runs on
       the caller's thread, the backward on autograd's device thread: two workspaces);
-    * a cuDNN workspace after each convolution's outputs, freed when it returns, sized by
-      the rule measured on the H200 (``core.gpu_profiles.conv_workspace_bytes``).
+    * cuDNN's workspaces, each taken once the output it works for exists and freed before the
+      next allocation, sized by the rule measured on the H200 (``core.gpu_profiles.conv_workspaces``).
     """
 
     def __init__(self, torch: ModuleType, log: _Log, gpu: GpuProfile) -> None:
@@ -245,17 +246,33 @@ class _Rules:
                 self.workspaces += 1
                 self.log.alloc(self._key(), self.cublas, synthetic="cuBLAS workspace")
 
-    def after(self, func: Any, args: Any, out: Any) -> None:
+    def after(self, func: Any, args: Any, out: Any) -> dict[int, int]:
+        """The workspaces ``func`` borrowed, keyed by ``id()`` of the output each follows (the
+        recorder takes each once that output is allocated; keys live only for this op)."""
         name = _op_name(func)
         if name not in _CONVS or not _on_cuda(self.torch, args):
-            return
-        from allocconf_widget.core.gpu_profiles import conv_workspace_bytes
+            return {}
+        from allocconf_widget.core.gpu_profiles import conv_workspaces
 
         conv = _convolution(self.torch, name, args, out)
-        size = conv_workspace_bytes(conv) if conv is not None else 0
+        if conv is None:
+            return {}
+        sizes = conv_workspaces(conv)
+        outputs = list(out) if isinstance(out, tuple | list) else [out]
+        borrowed: dict[int, int] = {}
+        if outputs and isinstance(outputs[0], self.torch.Tensor) and sizes.after_output:
+            borrowed[id(outputs[0])] = sizes.after_output  # the output, or the input's gradient
+        if (conv.backward and len(outputs) > 1 and isinstance(outputs[1], self.torch.Tensor)
+                and sizes.after_weight_grad):
+            borrowed[id(outputs[1])] = sizes.after_weight_grad
+        if borrowed:
+            self.conv_workspaces += 1
+        return borrowed
+
+    def borrow(self, size: int) -> None:
+        """A workspace allocated now and freed before the next allocation."""
         if size > 0:
             key = self._key()
-            self.conv_workspaces += 1
             self.log.alloc(key, size, synthetic="cuDNN workspace (estimate)")
             self.log.free(key)
 
@@ -291,7 +308,8 @@ def _convolution(torch: ModuleType, name: str, args: Any, out: Any) -> Convoluti
         in_channels=int(data.shape[1]), kernel=int(weight.shape[2]) if weight.dim() > 2 else 1,
         stride=int(first_stride) if isinstance(first_stride, int) else 1,
         groups=int(groups) if isinstance(groups, int) else 1,
-        channels_last=int(data.shape[1]) > 1 and int(data.stride(1)) == 1, backward=backward)
+        channels_last=int(data.shape[1]) > 1 and int(data.stride(1)) == 1, backward=backward,
+        element_size=int(data.element_size()))
 
 
 def _op_name(func: Any) -> str:

@@ -122,43 +122,70 @@ class Convolution:
     groups: int
     channels_last: bool  # the input's channel dimension is its innermost (stride 1)
     backward: bool
+    element_size: int = 4  # bytes per element of the input (2: bf16/fp16)
 
 
-#: a backward convolution's workspace over its operands' bytes (H200: median 1.02, upper deciles
-#: 1.1–1.4; 1.1 replayed the measured CNNs' peaks best, docs/dryrun.md)
-BACKWARD_WORKSPACE_RATIO = 1.1
-#: a channels-last backward convolution's workspace over its operands' bytes (H200: 0.02–0.39)
+@dataclass(frozen=True)
+class ConvWorkspaces:
+    """What one convolution op borrows from the caching allocator, each freed before the next
+    allocation (bytes; 0: nothing)."""
+
+    #: a forward: taken once its output exists; a backward: once the input's gradient exists
+    #: (cuDNN's backward-data pass; skipped when the input needs no gradient)
+    after_output: int
+    #: a backward only: taken once the weight's gradient exists (the backward-filter pass)
+    after_weight_grad: int = 0
+
+
+#: a backward-filter workspace over its operands' bytes (H200: 1.00–1.19, median 1.04)
+WEIGHT_GRAD_WORKSPACE_RATIO = 1.05
+#: a channels-last backward's workspace over its operands' bytes (H200: 0.02–0.39 in all)
 CHANNELS_LAST_BACKWARD_RATIO = 0.2
+#: a channels-last stem's backward-filter workspace over its operands (H200, fp32 7×7/2: 1.08)
+CHANNELS_LAST_STEM_RATIO = 1.08
 
 
-def conv_workspace_bytes(conv: Convolution) -> int:
-    """The cuDNN workspace one convolution borrows while it runs (allocated after its outputs,
-    freed when it returns), as measured on the H200 (torch 2.11, cuDNN 9.19, heuristic
-    algorithm choice: ``benchmarks/gpu/probe_op_transients.py``; docs/dryrun.md has the data).
+def conv_workspaces(conv: Convolution) -> ConvWorkspaces:
+    """The cuDNN workspaces one convolution borrows while it runs, as measured on the H200
+    (torch 2.11, cuDNN 9.19, heuristic algorithm choice; ``benchmarks/gpu/probe_op_transients.py``
+    and the allocations of real ResNet-18 traces, fp32 and bf16; docs/dryrun.md has the data).
 
     cuDNN's kernels there work in NHWC: a contiguous (NCHW) convolution borrows room for
-    transposed copies of its operands, so the workspace is about their sum (input + output +
-    weight: a median of 1.00 of it in the forward, 1.02 in the backward). What borrows (mostly)
-    nothing: a 1×1 forward (a direct GEMM), grouped and depthwise
-    convolutions, a channels-last forward, and a first layer (≤ 4 input channels) unless its
-    kernel is large and overlapping (ResNet's 7×7/2 stem: the sum, or in channels-last its
-    input alone; 3×3 stems and ViT's patch embedding: 0). Other GPUs and cuDNN releases choose
-    other algorithms: for them this is an estimate of the same kind, never a bound. At most 1 GiB.
+    transposed copies of its operands, the sum of input, output and weight (in 2-byte types
+    with the input channels padded to a multiple of 8: ResNet's bf16 stem borrowed 147.05 MiB,
+    its 3-channel input padded to 8 plus its output). The forward borrows it once; the backward
+    twice, one after the other: the backward-data pass exactly that sum, the backward-filter
+    pass 1.00–1.19 of it. What borrows nothing: a stride-1 1×1 forward (a plain GEMM; the
+    strided ones borrow the sum), grouped and depthwise convolutions, a channels-last forward,
+    and a first layer (≤ 4 input channels) unless its kernel is large and overlapping (ResNet's
+    7×7/2 stem; 3×3 stems and ViT's patch embedding: 0). A channels-last backward borrows
+    about a fifth of the sum. Other GPUs and cuDNN releases choose other algorithms: for them
+    this is an estimate of the same kind, never a bound. Each at most 1 GiB.
     """
-    operands = conv.input_bytes + conv.output_bytes + conv.weight_bytes
+    input_bytes, weight_bytes = conv.input_bytes, conv.weight_bytes
+    if conv.element_size == 2 and conv.in_channels % 8:
+        padded = -(-conv.in_channels // 8) * 8
+        input_bytes = input_bytes * padded // conv.in_channels
+        weight_bytes = weight_bytes * padded // conv.in_channels
+    operands = input_bytes + conv.output_bytes + weight_bytes
+
+    def share(ratio: float) -> int:
+        return min(int(operands * ratio), GIB)
+
     if conv.groups > 1:
-        return 0
+        return ConvWorkspaces(0)
     if conv.in_channels <= 4:
-        big_stem = conv.kernel >= 5 and conv.stride < conv.kernel
-        if not big_stem:
-            return 0
-        if conv.channels_last and not conv.backward:  # measured: a copy of its input alone
-            return min(conv.input_bytes, GIB)
-        ratio = BACKWARD_WORKSPACE_RATIO if conv.backward else 1.0
-    elif conv.channels_last:
-        ratio = CHANNELS_LAST_BACKWARD_RATIO if conv.backward else 0.0
-    elif conv.backward:
-        ratio = BACKWARD_WORKSPACE_RATIO
-    else:
-        ratio = 0.0 if conv.kernel == 1 else 1.0
-    return min(int(operands * ratio), GIB)
+        if not (conv.kernel >= 5 and conv.stride < conv.kernel):
+            return ConvWorkspaces(0)
+        if conv.channels_last:  # measured: the forward copies its input alone
+            return (ConvWorkspaces(0, share(CHANNELS_LAST_STEM_RATIO)) if conv.backward
+                    else ConvWorkspaces(min(conv.input_bytes, GIB)))
+        return (ConvWorkspaces(0, share(WEIGHT_GRAD_WORKSPACE_RATIO)) if conv.backward
+                else ConvWorkspaces(share(1.0)))
+    if conv.channels_last:
+        return ConvWorkspaces(0, share(CHANNELS_LAST_BACKWARD_RATIO) if conv.backward else 0)
+    if conv.backward:
+        return ConvWorkspaces(share(1.0), share(WEIGHT_GRAD_WORKSPACE_RATIO))
+    if conv.kernel == 1 and conv.stride == 1:
+        return ConvWorkspaces(0)
+    return ConvWorkspaces(share(1.0))

@@ -123,6 +123,23 @@ def ranking(values: dict[str, int]) -> list[str]:
     return [s for s, _ in sorted(values.items(), key=lambda kv: (kv[1], kv[0]))]
 
 
+#: two settings whose real peaks are this far apart must be predicted in the same order (closer
+#: ones are a tie within the run-to-run and estimate error; the strict ranking is printed too)
+APART = 0.05
+
+
+def ordered_pairs(real: dict[str, int], predicted: dict[str, int]) -> tuple[int, int]:
+    """(pairs ordered as in the real runs, pairs of settings more than APART apart for real)."""
+    from itertools import combinations
+
+    right = apart = 0
+    for a, b in combinations(sorted(real), 2):
+        if abs(real[a] - real[b]) > APART * min(real[a], real[b]):
+            apart += 1
+            right += (real[a] < real[b]) == (predicted[a] < predicted[b])
+    return right, apart
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="lm,resnet18,llama,timm_vit,lightning")
@@ -175,6 +192,7 @@ def main() -> int:
                                     checks))
     wall = time.time() - t0
     rows, within10, within5, pairs, rank_ok = [], 0, 0, 0, []
+    pairs_right = pairs_apart = best_right = 0
     for w in names:
         dry = results[(w, "dry")]
         if "error" in dry:
@@ -197,6 +215,10 @@ def main() -> int:
         if len(realpk) == len(SETTINGS):
             rank_ok.append((w, ranking(realpk) == ranking(dry["rules"]),
                             ranking(realpk) == ranking(dry["raw"])))
+            right, apart = ordered_pairs(realpk, dry["rules"])
+            pairs_right += right
+            pairs_apart += apart
+            best_right += ranking(realpk)[0] == ranking(dry["rules"])[0]
     from _table import print_table
 
     print_table(["workload", "setting", "real GiB", "dry raw GiB", "dry+rules GiB", "err raw", "err rules"],
@@ -205,6 +227,8 @@ def main() -> int:
     for w, ok_rules, ok_raw in rank_ok:
         print(f"ranking {w}: rules {'matches' if ok_rules else 'DIFFERS'}, "
               f"raw {'matches' if ok_raw else 'DIFFERS'}")
+    print(f"settings whose real peaks differ by more than {APART:.0%}: ordered right by the rules "
+          f"{pairs_right}/{pairs_apart}; best setting predicted best: {best_right}/{len(rank_ok)}")
     for w in names:
         dry = results[(w, "dry")]
         if "error" not in dry:

@@ -87,9 +87,9 @@ def child_marked(workload: str, out: str) -> None:
 
     marks: list[dict] = []
 
-    def after(self, func, args, out_) -> None:  # the conv rule, replaced by a marker
+    def after(self, func, args, out_) -> dict:  # the conv rule, replaced by a marker
         if dr._op_name(func) not in dr._CONVS or not dr._on_cuda(self.torch, args):
-            return
+            return {}
         desc = []
         for a in args[:10]:
             if isinstance(a, torch.Tensor):
@@ -101,6 +101,7 @@ def child_marked(workload: str, out: str) -> None:
                 desc.append(a if isinstance(a, (int, bool, float)) else None)
         outs = [dr._nbytes(t) for t in dr.tp.tree_leaves(out_) if isinstance(t, torch.Tensor)]
         marks.append({"at": len(self.log.entries), "op": dr._op_name(func), "args": desc, "outs": outs})
+        return {}
 
     dr._Rules.after = after
     with allocconf_widget.dry_run("h200") as run:

@@ -121,3 +121,37 @@ def test_a_data_dependent_op_stops_with_the_users_line():
     """)
     assert "kept = x[x > 0]" in out.get("dry_run_error", ""), out
     assert_settings_still_open(out)
+
+
+_CONV_ORDER = """
+import json, torch, allocconf_widget
+with allocconf_widget.dry_run("h200") as run:
+    conv = torch.nn.Conv2d(64, 64, 3, padding=1).to("cuda")
+    x = torch.randn(8, 64, 56, 56, device="cuda", requires_grad=True)
+    conv(x).sum().backward()
+rows = [(e["action"], e["size"], bool(e["frames"]) and e["frames"][0]["name"] == "cuDNN workspace (estimate)")
+        for e in run.trace.entries if e["action"] in ("alloc", "free_completed")]
+print("RESULT", json.dumps({"rows": rows, "initialized": torch.cuda.is_initialized()}))
+"""
+
+
+def test_a_convolution_backward_borrows_two_workspaces_in_cudnns_order():
+    """As the real traces show (docs/dryrun.md): the backward-data workspace once the input's
+    gradient exists, freed, then the weight's gradient, then the backward-filter workspace."""
+    env = {k: v for k, v in os.environ.items() if "ALLOC_CONF" not in k}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run([sys.executable, "-c", _CONV_ORDER], capture_output=True, text=True, env=env,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    assert out["initialized"] is False
+    rows = out["rows"]
+    activation = 8 * 64 * 56 * 56 * 4
+    weight = 64 * 64 * 9 * 4
+    workspaces = [i for i, (action, _size, synthetic) in enumerate(rows) if synthetic and action == "alloc"]
+    assert len(workspaces) == 3  # forward, backward-data, backward-filter
+    data_ws, filter_ws = workspaces[1], workspaces[2]
+    assert rows[data_ws - 1][:2] == ["alloc", activation]  # the input's gradient first
+    assert rows[data_ws + 1][0] == "free_completed"
+    assert rows[data_ws + 2][:2] == ["alloc", weight]  # then the weight's gradient
+    assert filter_ws == data_ws + 3

@@ -24,8 +24,9 @@ from allocconf_widget._errors import AllocConfError
 from allocconf_widget.core.gpu_profiles import (
     PROFILES,
     Convolution,
+    ConvWorkspaces,
     GpuProfile,
-    conv_workspace_bytes,
+    conv_workspaces,
     match_name,
     profile,
 )
@@ -80,25 +81,36 @@ def _conv(**changes: Any) -> Convolution:
 
 
 def test_the_cudnn_workspace_rule_follows_the_h200_measurements():
-    """docs/dryrun.md's table: a contiguous 3×3 forward borrowed 98.1 MiB (its operands' sum), its
-    backward 100.1 MiB; a 1×1 forward, a depthwise one, a channels-last forward and a 3×3 stem
-    on 3 channels borrowed nothing; ResNet's 7×7/2 stem borrowed its operands' sum (232.8 MiB),
-    in channels-last its input's size."""
-    measured = {"3x3 forward": 98.1 * MIB, "3x3 backward": 100.1 * MIB}
-    assert conv_workspace_bytes(_conv()) == pytest.approx(measured["3x3 forward"], rel=0.05)
-    assert conv_workspace_bytes(_conv(backward=True)) == pytest.approx(measured["3x3 backward"], rel=0.1)
-    assert conv_workspace_bytes(_conv(kernel=1)) == 0
-    assert conv_workspace_bytes(_conv(groups=64)) == 0
-    assert conv_workspace_bytes(_conv(channels_last=True)) == 0
-    assert 0 < conv_workspace_bytes(_conv(channels_last=True, backward=True)) < 25 * MIB
+    """docs/dryrun.md's measurements (H200, cuDNN 9.19): a contiguous 3×3 forward borrowed its
+    operands' sum (98.1 MiB here); its backward borrowed that sum for the data pass and 1.00–1.19
+    of it for the filter pass, one after the other; a stride-1 1×1 forward, a depthwise one, a
+    channels-last forward and a 3×3 stem on 3 channels borrowed nothing; a strided 1×1 forward
+    its sum; ResNet's 7×7/2 stem its sum (232.8 MiB), in bf16 with the 3 input channels padded
+    to 8 (147.05 MiB), in channels-last its input's size."""
+    operands = 98.1 * MIB
+    forward = conv_workspaces(_conv())
+    assert forward.after_output == pytest.approx(operands, rel=0.01) and forward.after_weight_grad == 0
+    backward = conv_workspaces(_conv(backward=True))
+    assert backward.after_output == pytest.approx(operands, rel=0.01)
+    assert operands <= backward.after_weight_grad <= 1.19 * operands
+    assert conv_workspaces(_conv(kernel=1)) == ConvWorkspaces(0)
+    assert conv_workspaces(_conv(kernel=1, stride=2)).after_output > 0
+    assert conv_workspaces(_conv(groups=64)) == ConvWorkspaces(0)
+    assert conv_workspaces(_conv(channels_last=True)) == ConvWorkspaces(0)
+    assert 0 < conv_workspaces(_conv(channels_last=True, backward=True)).after_weight_grad < 25 * MIB
     stem = {"input_bytes": int(36.75 * MIB), "output_bytes": 196 * MIB, "weight_bytes": 37_632,
             "in_channels": 3}
-    assert conv_workspace_bytes(_conv(**stem, kernel=3)) == 0
-    assert conv_workspace_bytes(_conv(**stem, kernel=7, stride=2)) == pytest.approx(232.8 * MIB, rel=0.02)
-    # the same stem in channels-last borrowed a copy of its input (36.8 MiB), not the sum
-    assert conv_workspace_bytes(_conv(**stem, kernel=7, stride=2, channels_last=True)) == int(36.75 * MIB)
-    assert conv_workspace_bytes(_conv(**stem, kernel=16, stride=16)) == 0  # a ViT's patch embedding
-    assert conv_workspace_bytes(_conv(input_bytes=4 * GIB)) == GIB  # never more than 1 GiB
+    assert conv_workspaces(_conv(**stem, kernel=3)) == ConvWorkspaces(0)
+    big_stem = conv_workspaces(_conv(**stem, kernel=7, stride=2))
+    assert big_stem.after_output == pytest.approx(232.8 * MIB, rel=0.01)
+    bf16_stem = {"input_bytes": int(18.375 * MIB), "output_bytes": 98 * MIB, "weight_bytes": 18_816,
+                 "in_channels": 3, "element_size": 2}
+    assert conv_workspaces(_conv(**bf16_stem, kernel=7, stride=2)).after_output == pytest.approx(
+        147.05 * MIB, rel=0.01)
+    last = conv_workspaces(_conv(**stem, kernel=7, stride=2, channels_last=True))
+    assert last.after_output == int(36.75 * MIB)
+    assert conv_workspaces(_conv(**stem, kernel=16, stride=16)) == ConvWorkspaces(0)  # ViT's patch embedding
+    assert conv_workspaces(_conv(input_bytes=4 * GIB)).after_output == GIB  # never more than 1 GiB
 
 
 # ---------------------------------------------------------------- the dry run itself
