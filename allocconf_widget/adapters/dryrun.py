@@ -210,6 +210,7 @@ def _recorder_class(torch: ModuleType) -> type:
 _MATMULS = frozenset(("mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "addmm_", "addbmm"))
 _CONVS = frozenset(("convolution", "convolution_backward", "cudnn_convolution",
                     "cudnn_convolution_transpose"))
+_ATTENTION_BACKWARD = "_scaled_dot_product_cudnn_attention_backward"
 
 
 class _Rules:
@@ -230,6 +231,7 @@ class _Rules:
         self.keys = -1  # synthetic storage keys (negative: never an id())
         self.workspaces = 0
         self.conv_workspaces = 0
+        self.attention_workspaces = 0
 
     def _key(self) -> int:
         self.keys -= 1
@@ -250,6 +252,8 @@ class _Rules:
         """The workspaces ``func`` borrowed, keyed by ``id()`` of the output each follows (the
         recorder takes each once that output is allocated; keys live only for this op)."""
         name = _op_name(func)
+        if name == _ATTENTION_BACKWARD and _on_cuda(self.torch, args):
+            return self._attention_backward(args, out)
         if name not in _CONVS or not _on_cuda(self.torch, args):
             return {}
         from allocconf_widget.core.gpu_profiles import conv_workspaces
@@ -268,6 +272,23 @@ class _Rules:
         if borrowed:
             self.conv_workspaces += 1
         return borrowed
+
+    def _attention_backward(self, args: Any, out: Any) -> dict[int, int]:
+        """cuDNN attention's backward: its buffers, taken once its last gradient exists."""
+        from allocconf_widget.core.gpu_profiles import attention_backward_workspace_bytes
+
+        torch = self.torch
+        if len(args) < 6 or not all(isinstance(a, torch.Tensor) for a in args[1:3]):
+            return {}
+        query, key, logsumexp = args[1], args[2], args[5]
+        grouped = query.dim() == 4 and key.dim() == 4 and int(key.shape[1]) < int(query.shape[1])
+        size = attention_backward_workspace_bytes(int(query.numel()), _nbytes(query), _nbytes(logsumexp),
+                                                  grouped)
+        outputs = [t for t in tp.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if not outputs or size <= 0:
+            return {}
+        self.attention_workspaces += 1
+        return {id(outputs[-1]): size}
 
     def borrow(self, size: int) -> None:
         """A workspace allocated now and freed before the next allocation."""
@@ -562,6 +583,9 @@ class DryRun:
             plural = "s" if rules.conv_workspaces != 1 else ""
             out.append(f"added a cuDNN workspace to {rules.conv_workspaces:,} convolution{plural} (sized "
                        "as measured on an H200; other GPUs' algorithms may borrow more or less)")
+        if rules.attention_workspaces:
+            out.append(f"added cuDNN attention's backward buffers to {rules.attention_workspaces:,} "
+                       "attention call(s) (as measured on an H200)")
         return out
 
 

@@ -16,10 +16,10 @@ SNAPSHOT_MARK = "allocconf_dry_run"
 
 #: what every dry-run prediction lacks, for the notes beside it
 GAPS = (
-    "a dry run (estimate): fake CUDA tensors, no GPU; it cannot see the attention backend's "
-    "and other kernels' temporary buffers, and adds cuDNN's workspaces by a rule measured on an "
-    "H200 (other GPUs choose other algorithms); the self-check has no real segments to compare "
-    "with",
+    "a dry run (estimate): fake CUDA tensors, no GPU; it adds cuBLAS's and cuDNN's workspaces "
+    "(convolutions, attention) by rules measured on an H200 (other GPUs choose other "
+    "algorithms), and cannot see other kernels' temporary buffers; the self-check has no real "
+    "segments to compare with",
     "code that depends on tensor values (.item() gave 1.0, data-dependent shapes) may take "
     "another path on the GPU",
 )

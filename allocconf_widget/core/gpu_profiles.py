@@ -189,3 +189,16 @@ def conv_workspaces(conv: Convolution) -> ConvWorkspaces:
     if conv.kernel == 1 and conv.stride == 1:
         return ConvWorkspaces(0)
     return ConvWorkspaces(share(1.0))
+
+
+def attention_backward_workspace_bytes(query_elements: int, query_bytes: int, logsumexp_bytes: int,
+                                       grouped: bool) -> int:
+    """What cuDNN's fused attention backward (``_scaled_dot_product_cudnn_attention_backward``,
+    SDPA's choice on the H200 for bf16) borrows beyond its outputs, as measured there
+    (``benchmarks/gpu/probe_op_transients.py``: the LM 16.25 MiB, ViT-S 9.38, Llama 16.13): a
+    float32 accumulator for the query's gradient (4 bytes per query element) and a float32 row
+    statistic the size of the log-sum-exp, and with grouped-query attention (fewer key/value
+    heads than query heads) two more query-sized buffers, the key and value gradients before
+    their heads are summed."""
+    extra = 2 * query_bytes if grouped else 0
+    return min(4 * query_elements + logsumexp_bytes + extra, GIB)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 SETTINGS = ("", "expandable_segments:True", "max_split_size_mb:128", "roundup_power2_divisions:4")
-PLAN = {"lm": (8, 16, 24, 32, 48, 64, 96), "resnet18": (64, 128, 192, 256, 320, 384, 448)}
+PLAN = {"lm": (8, 16, 24, 32, 48, 64, 96), "resnet18": (64, 128, 256, 384, 512, 640, 768, 896, 1024)}
 T4_BYTES = 15 << 30
 
 
