@@ -194,8 +194,9 @@ def _recorder_class(torch: ModuleType) -> type:
                 if isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda":
                     storage = leaf.untyped_storage()
                     key = id(storage)
-                    if key not in log.live and int(storage.nbytes()) > 0:  # zero bytes: no allocation
-                        log.alloc(key, int(storage.nbytes()))
+                    size = int(storage.nbytes())
+                    if key not in log.live and size > 0:  # zero bytes: no allocation
+                        log.alloc(key, size)
                         log.finalizers[key] = weakref.finalize(storage, log.free, key)
                 if rules is not None and borrowed:
                     rules.borrow(borrowed.pop(id(leaf), 0))

@@ -85,10 +85,7 @@ def _fatal(row: SimulationRow) -> bool:
 
 
 def _handler_decides(row: SimulationRow) -> bool:
-    """An OOM the program catches, met where the recording had none: its own handler decides
-    what follows (a smaller batch, a skipped step), which the replay cannot follow."""
-    result = row.result
-    return result.oom is not None and not result.oom_fatal and result.stopped_early
+    return row.result.handler_decides  # an OOM the recording did not have, in a program that catches them
 
 
 def _said(row: SimulationRow, usable: int | None) -> str:

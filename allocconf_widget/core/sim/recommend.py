@@ -252,7 +252,7 @@ def _stops(r: SimResult) -> bool:
     """The run ends (a fatal OOM) or the replay cannot follow it further (an OOM the program's
     own handler would catch where the recording had none). OOMs the program caught in the
     recording and catches again here end nothing."""
-    return r.oom is not None and (r.oom_fatal or r.stopped_early)
+    return r.oom_fatal or r.handler_decides  # oom_fatal is set only with an OOM
 
 
 def _oom_words(r: SimResult) -> str:
@@ -260,7 +260,7 @@ def _oom_words(r: SimResult) -> str:
     assert r.oom is not None
     if r.oom_fatal:
         return f"runs out of memory at event {r.oom.event_index:,}"
-    if r.stopped_early:
+    if r.handler_decides:
         return (f"runs out of memory at event {r.oom.event_index:,}, where the recording did not; "
                 "the program catches its OOMs, so its own handler decides what follows (the replay "
                 "stops there)")

@@ -238,6 +238,13 @@ class SimResult:
         return self.peak_reserved_range
 
     @property
+    def handler_decides(self) -> bool:
+        """An OOM the program catches, met where the recording had none: the program's own
+        handler decides what follows (a smaller batch, a skipped step), which the replay cannot
+        follow, so it stopped there. Neither a dead run nor one that fits."""
+        return self.oom is not None and not self.oom_fatal and self.stopped_early
+
+    @property
     def timing_dependent(self) -> bool:
         """The peak depends on when the GPU finishes other streams' work (a range, not a point)."""
         low, high = self.reserved_range

@@ -27,7 +27,7 @@ def _oom_cell(row: SimulationRow) -> str:
         text = result.oom_verdict()  # "no" only beside a confident self-check
         return text + ("; the latest GPU timing runs out" if result.timing_oom else "")
     if not result.oom_fatal:  # a program that catches its OOMs: never a dead run
-        if not result.stopped_early:
+        if not result.handler_decides:
             return f"caught at event {oom.event_index:,}, as recorded"
         return (f"at event {oom.event_index:,} ({format_bytes(oom.segment_bytes)}): the program "
                 "catches it; its handler decides what follows")
