@@ -88,6 +88,7 @@ def main() -> None:
     rows = []
     caught_rows: list[dict] = []
     range_rows: list[dict] = []
+    source_rows: list[list[str]] = []
     with tempfile.TemporaryDirectory() as tmp:
         runs = _load_runs(args.data, Path(tmp))
         for workload, by_name in runs.items():
@@ -98,6 +99,7 @@ def main() -> None:
                 continue
             if workload in TIMING:
                 range_rows += _range_rows(workload, by_name)
+                source_rows += _other_sources(workload, by_name)
             base = by_name["default"]
             base_trace = extract_trace(load_snapshot(base["pickle"]))
             for name, meta in sorted(by_name.items()):
@@ -138,6 +140,11 @@ def main() -> None:
         _print_caught(caught_rows, args.markdown)
     if range_rows:
         _print_ranges(range_rows, args.markdown)
+    if source_rows:
+        print("\nThe same with each repeat of the default run as the recording (a user records one "
+              "run; which one is luck):\n")
+        print_table(["workload", "recording", "real peaks inside", "widest high/low"], source_rows,
+                    args.markdown)
 
 
 #: workloads that catch their own OOMs (recorded under fractions only): the 3 GiB default run's
@@ -145,7 +152,7 @@ def main() -> None:
 CATCHERS = {"batchfind": "default_f3g", "batchgrow": "default_f3g"}
 #: workloads whose frees wait on other streams (record_stream): the default run's trace gives a
 #: peak range per setting, to hold every real run of that setting (repeats included)
-TIMING = {"streams", "streams2", "streams2alone", "streams3"}
+TIMING = {"streams", "streams2", "streams2alone", "streams3", "streams2idle", "prefetch"}
 
 
 def _caught_rows(workload: str, by_name: dict[str, dict]) -> list[dict]:
@@ -199,6 +206,28 @@ def _range_rows(workload: str, by_name: dict[str, dict]) -> list[dict]:
         out.append({"workload": workload, "setting": name, "fraction": meta.get("fraction"),
                     "real_peak": int(meta["stats"]["reserved_bytes.all.peak"]), "pred": pred,
                     "real_oom": meta["oom"] is not None})
+    return out
+
+
+def _other_sources(workload: str, by_name: dict[str, dict]) -> list[list[str]]:
+    """For workloads recorded several times under the defaults: each repeat's trace as the
+    recording, how many completed runs' real peaks lie in the ranges it gives."""
+    out = []
+    for source in sorted(n for n in by_name if n.startswith("default_r")):
+        trace = extract_trace(load_snapshot(by_name[source]["pickle"]))
+        inside = total = 0
+        widest = 1.0
+        for name, meta in sorted(by_name.items()):
+            if name == "frames" or meta["oom"] is not None:
+                continue
+            capacity, non_pytorch = _capacity(meta)
+            low, high = simulate(trace, _settings(meta), device_total=capacity,
+                                 non_pytorch_bytes=non_pytorch).reserved_range
+            real = int(meta["stats"]["reserved_bytes.all.peak"])
+            inside += low <= real <= high
+            total += 1
+            widest = max(widest, high / low if low else 1.0)
+        out.append([workload, source, f"{inside}/{total}", f"{widest:.2f}"])
     return out
 
 

@@ -7,6 +7,9 @@
 * ``streams3`` (timing-dependent pending frees): each setting ``--repeats`` times, one run at a
   time so that the GPU is otherwise idle.
 
+``--timing-only streams2,prefetch`` records only repeated two-stream runs (every setting
+``--repeats`` times, one at a time), for the timing ranges.
+
 ``--gc-only lightning_bf16`` records only that garbage-collection pair for Lightning's own
 ``Trainer`` (``precision="bf16-mixed"``).
 
@@ -72,6 +75,9 @@ def main() -> None:
     parser.add_argument("--gc-only", metavar="WORKLOAD",
                         help="only the garbage-collection pair (defaults and gc06 under a fraction "
                              "derived from a first default run) for this workload, e.g. lightning_bf16")
+    parser.add_argument("--timing-only", metavar="WORKLOADS",
+                        help="only repeated runs of two-stream workloads (e.g. streams2,prefetch), "
+                             "each setting --repeats times, one run at a time")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -89,6 +95,13 @@ def main() -> None:
     def frac(gib: float) -> float:
         return round(gib * GIB / total, 6)
 
+    if args.timing_only:  # each run alone on the GPU, as a user's run would be
+        for k in range(1, args.repeats + 1):
+            for workload in args.timing_only.split(","):
+                for name in ("default", "split512", "roundlist", "expandable", "split128"):
+                    index.append(spawn(workload, name if k == 1 else f"{name}_r{k}", CONFS[name], None))
+        (out / "index.json").write_text(json.dumps(index, indent=1))
+        return
     if args.gc_only:
         index.extend(_gc_pair(args.gc_only, out, spawn, total))
         (out / "index.json").write_text(json.dumps(index, indent=1))

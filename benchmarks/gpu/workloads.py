@@ -533,3 +533,48 @@ def lightning_bf16(device: torch.device, log_step: StepLogger, steps: int = 30) 
 
 
 WORKLOADS["lightning_bf16"] = lightning_bf16
+
+
+def prefetch(device: torch.device, log_step: StepLogger, steps: int = 40) -> None:
+    """The data-loader prefetch pattern: pinned CPU batches of varying size copied to the GPU
+    on a side stream (``non_blocking``), ``record_stream`` on the default stream, a small conv
+    net trained on them; the next batch is prefetched while the step runs, and the loss is read
+    (``.item()``, a sync) every 8 steps, as a progress bar would."""
+    _set_determinism()
+    rng = random.Random(13)
+    side = torch.cuda.Stream(device)
+    main = torch.cuda.current_stream(device)
+    model = nn.Sequential(
+        nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 128, 3, padding=1, stride=2),
+        nn.ReLU(), nn.Conv2d(128, 256, 3, padding=1, stride=2), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, 100)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    host = [torch.randn(b, 3, r, r).pin_memory() for b, r in ((32, 128), (64, 160), (48, 192), (96, 96))]
+
+    def load() -> torch.Tensor:
+        with torch.cuda.stream(side):
+            return host[rng.randrange(len(host))].to(device, non_blocking=True)
+
+    batch = load()
+    loss_sum = None
+    for step in range(steps):
+        log_step(step)
+        main.wait_stream(side)
+        x = batch
+        x.record_stream(main)
+        batch = load()  # the next batch, copied while this step computes
+        loss = model(x).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del x
+        loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+        del loss
+        if step % 8 == 7:
+            loss_sum.item()
+            loss_sum = None
+    del batch
+    torch.cuda.synchronize()
+
+
+WORKLOADS["prefetch"] = prefetch

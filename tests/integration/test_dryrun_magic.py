@@ -159,6 +159,36 @@ def test_the_whatif_tab_shows_each_rows_dry_run_estimate_once_the_real_run_is_re
         view.close()
 
 
+def test_a_dry_run_comparison_that_fails_is_said_in_the_summary_not_dropped(ip, capsys, monkeypatch):
+    """The comparison beside the ranking fails (forced here: no recording we have makes it
+    fail): the ranking still shows, and the summary says the dry run could not be set beside
+    it and why, instead of leaving the user to wonder where the estimates went."""
+    pytest.importorskip("ipywidgets")
+    import allocconf_widget.app.dryrun as dryrun_app
+    from allocconf_widget.app.session import get_session
+    from allocconf_widget.views.widgets.whatif import WhatIfView
+
+    ip.run_cell_magic("allocconf", "dryrun --gpu h200", CELL)
+    capsys.readouterr()
+    session = get_session(ip)
+    dry = session.dry_run
+    session.set_recording(CellRecording(snapshot=dry.snapshot(), torch_version="2.11.0",
+                                        device_total=dry.gpu.total_bytes, free_at_start=dry.gpu.usable_bytes))
+
+    def broken(*_args: object) -> None:
+        raise ValueError("the recording names a stream the dry run never saw")
+
+    monkeypatch.setattr(dryrun_app, "session_estimate", broken)
+    view = WhatIfView(session)
+    try:
+        view.run()
+        assert len(view._rows) >= 4
+        assert ("Your dry run could not be set beside this recording (the recording names a stream "
+                "the dry run never saw); the ranking above stands.") in view.summary.value
+    finally:
+        view.close()
+
+
 def test_plan_chart_draws_one_line_per_setting_and_the_usable_memory(ip, capsys):
     from allocconf_widget.views.charts.dryrun import plan_figure
 

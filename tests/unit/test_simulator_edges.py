@@ -135,15 +135,46 @@ def test_a_free_waiting_on_another_stream_gives_a_range() -> None:
     assert result.to_json()["peak_reserved_range_bytes"] == [30 * MiB, 60 * MiB]
 
 
+def test_the_late_order_does_not_wait_for_an_address_the_recording_reused() -> None:
+    """A free completed quickly in the recording, whose address the next request got again,
+    must still wait in the late order (as long as the recording's longest wait): in a run whose
+    GPU lags that much, that request gets other memory, so the late peak counts both blocks."""
+    b = TraceBuilder(reuse_addresses=True)
+    a = b.alloc(20 * MiB)
+    b.free_requested(a)
+    for _ in range(6):
+        b.free(b.alloc(1024))
+    b.free_completed(a)  # waited 13 rows: the recording's longest wait
+    x = b.alloc(30 * MiB)
+    b.free_requested(x)
+    scratch = b.alloc(1024)
+    b.free_completed(x)  # waited 2 rows ...
+    y = b.alloc(30 * MiB)  # ... and its address was handed out again at once
+    assert y == x
+    b.free(scratch)
+    b.free(y)
+    result = simulate(b.build(), SimSettings())
+    assert result.peak_reserved_bytes == 52 * MiB  # as recorded: y reuses x's block
+    assert result.reserved_range == (52 * MiB, 82 * MiB)  # late: x still pending when y comes
+
+
 @pytest.mark.slow
-def test_every_real_two_stream_peak_lies_in_its_range(tmp_path: Path) -> None:
-    """streams3 on the H200, three runs per setting: the default run's trace replayed under
-    each setting gives a range holding all three real peaks, at most 3× wide (the point
-    prediction alone missed the default's second run, 1.94 against 1.81 GiB)."""
-    root = _extract("streams3.tar.xz", tmp_path)
-    base = extract_trace(load_snapshot(root / "streams3__default.pickle"))
-    checked = 0
-    for meta_path in sorted(root.glob("streams3__*.json")):
+@pytest.mark.parametrize(("workload", "runs", "inside_at_least"), [
+    ("streams3", 12, 12),  # CPU waits every 6 steps: every real peak inside
+    ("prefetch", 20, 19),  # a data loader's side-stream copies: one peak 0.7 % above its range
+    ("streams2idle", 20, 19),  # no sync at all: one run's GPU lagged more than the recorded one's
+])
+def test_real_two_stream_peaks_lie_in_their_ranges(tmp_path: Path, workload: str, runs: int,
+                                                   inside_at_least: int) -> None:
+    """Two-stream programs on the H200, each setting recorded several times alone on the GPU:
+    the first default run's trace replayed under each setting gives a range holding the real
+    peaks of the repeats, at most 3× wide (the point prediction alone is exact for 9/12, 9/20
+    and 2/20 of them; a late bound held back by the recorded reuse of an address held 12/12,
+    14/20 and 17/20)."""
+    root = _extract(f"{workload}.tar.xz", tmp_path)
+    base = extract_trace(load_snapshot(root / f"{workload}__default.pickle"))
+    inside = checked = 0
+    for meta_path in sorted(root.glob(f"{workload}__*.json")):
         meta = json.loads(meta_path.read_text())
         settings = SimSettings.from_allocator_settings(meta["allocator_settings"], (2, 11))
         total = meta["device_total_bytes"]
@@ -151,10 +182,11 @@ def test_every_real_two_stream_peak_lies_in_its_range(tmp_path: Path) -> None:
                           non_pytorch_bytes=total - meta["free_at_start_bytes"])
         low, high = result.reserved_range
         real = meta["stats"]["reserved_bytes.all.peak"]
-        assert low <= real <= high, f"{meta_path.stem}: {real} outside [{low}, {high}]"
+        inside += low <= real <= high
         assert high <= 3 * low
         checked += 1
-    assert checked == 12
+    assert checked == runs
+    assert inside >= inside_at_least
 
 
 def test_the_text_view_and_the_reasons_show_the_range(tmp_path: Path) -> None:

@@ -140,15 +140,23 @@ class _Row:
     yes: Any = None
 
 
-def _estimate_quietly(session: Session, report: SimulationReport) -> EstimateCheck | None:
-    """The session's dry run beside the recording's rows; None without both, or when the
-    comparison fails (it must never cost the user the ranking)."""
+@dataclass(frozen=True)
+class _Estimate:
+    """The session's dry run beside the recording's rows, or why it could not be set there."""
+
+    check: EstimateCheck | None = None
+    failure: str | None = None
+
+
+def _estimate_beside(session: Session, report: SimulationReport) -> _Estimate:
+    """The session's dry run beside the recording's rows (empty without both). A comparison
+    that fails is said in the summary, never raised: it must not cost the user the ranking."""
     from allocconf_widget.app.dryrun import session_estimate
 
     try:
-        return session_estimate(session, report)
-    except Exception:
-        return None
+        return _Estimate(check=session_estimate(session, report))
+    except Exception as exc:
+        return _Estimate(failure=str(exc) or type(exc).__name__)
 
 
 class WhatIfView:
@@ -180,6 +188,7 @@ class WhatIfView:
         self.widget.add_class("allocconf-whatif")
         self.report: SimulationReport | None = None
         self.estimate: EstimateCheck | None = None  # the session's dry run beside these rows
+        self.estimate_failure: str | None = None  # why it could not be set beside them
         self.compared_with: str | None = None
         self.rerank: threading.Thread | None = None  # a re-ranking after an Apply, if one runs
         self._rows: list[_Row] = []
@@ -235,7 +244,8 @@ class WhatIfView:
                 kernel = self.session.view().effective
                 report = simulate(source, SimulationRequest(rank=True, kernel=kernel,
                                                             progress=self._progress), trace)
-                self.estimate = _estimate_quietly(self.session, report)
+                beside = _estimate_beside(self.session, report)
+                self.estimate, self.estimate_failure = beside.check, beside.failure
                 self.report = report
                 self.compared_with = kernel.to_string()
                 self._render(report)
@@ -258,6 +268,9 @@ class WhatIfView:
         if self.estimate is not None:
             notes.append("Your dry run against this recording (the closed loop): "
                          + html.escape(estimate_verdict(self.estimate)))
+        elif self.estimate_failure is not None:
+            notes.append("Your dry run could not be set beside this recording ("
+                         + html.escape(self.estimate_failure) + "); the ranking above stands.")
         self.summary.value = "<br>".join([html.escape(h) for h in report.headline()] + notes)
         self.charts.children = self._charts(_runs(report))
         self._rows = [self._row(row) for row in report.rows]
