@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from allocconf_widget.core.sim.simulator import simulate
+import dataclasses
+
+import pytest
+
+from allocconf_widget.core.sim.simulator import simulate, simulate_many
 from tests.trace_builder import TraceBuilder
 from tests.unit.test_simulator import KiB, MiB, cached, engine, run, segs, settings
 
@@ -140,6 +144,27 @@ def test_gc_does_nothing_without_a_fraction() -> None:
     result = run(_gc_trace(), s, device_total=100 * MiB)
     assert [name for name, _ in segs(result)] == ["segment_alloc"] * 4
     assert result.final_reserved_bytes == 60 * MiB
+
+
+@pytest.mark.parametrize(("fraction", "device_total", "acts"), [
+    (0.5, 100 * MiB, True),  # budget 30 MiB, the twin reaches 60: the collector frees segments
+    (0.5, 200 * MiB, False),  # budget 60 MiB: the twin never exceeds it
+    (None, 100 * MiB, False),  # no fraction: the collector never runs
+])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_gc_setting_beside_its_twin_gives_the_replay_it_would_get_alone(
+        fraction: float | None, device_total: int, acts: bool, workers: int) -> None:
+    """simulate_many reuses the twin's replay (same settings without the threshold) only where
+    the collector could never act; either way the GC row is exactly what replaying it alone
+    gives, so a user comparing the two reads the same numbers as before the reuse."""
+    trace = _gc_trace().build()
+    twin = settings(per_process_memory_fraction=fraction)
+    gc = settings(per_process_memory_fraction=fraction, gc_threshold=0.6)
+    many = simulate_many(trace, [gc, twin], device_total=device_total, workers=workers)
+    alone = simulate(trace, gc, device_total=device_total)
+    assert many[0].settings == gc and many[1].settings == twin
+    assert dataclasses.replace(many[0], seconds=0.0) == dataclasses.replace(alone, seconds=0.0)
+    assert (many[0].final_reserved_bytes != many[1].final_reserved_bytes) == acts
 
 
 def test_gc_with_fraction_1_acts_only_up_to_2_9() -> None:

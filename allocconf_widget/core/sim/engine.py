@@ -70,6 +70,10 @@ _SPACE_TOP = 1 << 59  # synthetic driver layout: below the bump, above real addr
 VA_ALIGN = 32 * MIB  # the driver starts fresh and top-down placements on 32 MiB boundaries
 VA_TOP_DOWN_FROM = 80 * MIB  # smaller segments go bottom-up into free ranges, larger top-down
 _SEED_LOW_MIN = 1 << 40  # a start state's segments set the layout's top only above 1 TiB
+#: drain ``Engine.fresh`` once it holds this many blocks. Each block is drained once whatever
+#: the threshold (the result is the same); most of them were merged away since, and a short
+#: list lets them go sooner
+FRESH_DRAIN_AT = 2048
 
 
 class AddressSpace:
@@ -256,7 +260,7 @@ class Engine:
             self.chunk_max_reserved = self.reserved
             self.chunk_max_alloc = self.allocated
             done = self.run_ops(a, min(a + chunk, n))
-            if len(self.fresh) > 65536:
+            if len(self.fresh) > FRESH_DRAIN_AT:
                 drain(self.fresh)
             last = self.stop_op if self.stop_op is not None else min(a + chunk, n) - 1
             s_idx.append(index[last])
@@ -443,6 +447,7 @@ class Engine:
                     blk.prev = pp
                     if pp is not None:
                         pp.next = blk
+                    p.prev = p.next = None  # a stale candidate must not keep a chain alive
                     if by_addr:
                         blk.tb = blk.ptr
                 q = blk.next
@@ -458,6 +463,7 @@ class Engine:
                     blk.next = qn
                     if qn is not None:
                         qn.prev = blk
+                    q.prev = q.next = None
                 k = (blk.size << 64) | blk.tb
                 if one is not None and len(one) < one_max:
                     insort(one, k)
@@ -540,6 +546,7 @@ class Engine:
                 if nb.next is not None:
                     nb.next.prev = blk
             blk.size += nb.size
+            nb.prev = nb.next = None  # merged away (see run_ops)
         insert_free(blk)
         fl = blk.fl
         fl.dirty = min(fl.dirty, blk.ptr)  # an idle run grew: the expandable room search looks again

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -35,7 +35,7 @@ from allocconf_widget.core.sim.result import (
     SimSeries,
     compare_segments,
 )
-from allocconf_widget.core.sim.settings import SimSettings, round_size
+from allocconf_widget.core.sim.settings import EngineRules, SimSettings, round_size
 from allocconf_widget.core.sim.state import AllocatorState, reconstruct_initial_state
 from allocconf_widget.core.sim.timing import timing_variants
 from allocconf_widget.core.sim.trace import Trace, decode_entries, extract_trace
@@ -234,6 +234,11 @@ def simulate_many(
     ``progress(done, total)`` is called after each configuration finishes, so a
     front end can show how far a slow comparison has got. ``timing`` holds a
     :func:`simulate` ``timing`` flag per configuration (default: all on).
+
+    A ``garbage_collection_threshold`` setting whose twin without it is in the list too is
+    replayed after the others, and only where the collector could act: where the twin never
+    reserved more than the threshold allows, the replay would be the twin's step for step
+    (:func:`_gc_never_acts`), and the twin's result is returned under its own settings.
     """
     configs = list(settings_list)
     base: dict[str, Any] = {
@@ -251,30 +256,91 @@ def simulate_many(
     per_config = [{**base, "check": flag, "timing": t} for flag, t in zip(flags, ranges, strict=True)]
     if workers is None:
         workers = os.cpu_count() or 1
-    workers = min(workers, len(configs))
     total = len(configs)
+    results: list[SimResult | None] = [None] * total
+    done = 0
 
-    def report(done: int) -> None:
+    def report() -> None:
         if progress is not None:
             progress(done, total)
 
-    if workers > 1:
+    def replay(indices: list[int]) -> None:
+        nonlocal done
+        for i, result in zip(indices, _replay_all(trace, [configs[i] for i in indices],
+                                                  [per_config[i] for i in indices], workers), strict=True):
+            results[i] = result
+            done += 1
+            report()
+
+    twins = _gc_twins(configs, per_config)
+    replay([i for i in range(total) if i not in twins])
+    again = []
+    for i, j in twins.items():
+        twin = results[j]
+        assert twin is not None
+        if _gc_never_acts(trace, configs[i], twin, device_total, non_pytorch_bytes):
+            results[i] = dataclasses.replace(twin, settings=configs[i])
+            done += 1
+            report()
+        else:
+            again.append(i)
+    replay(again)
+    return [r for r in results if r is not None]
+
+
+def _replay_all(trace: Trace, configs: list[SimSettings], kwargs: list[dict[str, Any]],
+                workers: int) -> Iterator[SimResult]:
+    """:func:`simulate` per configuration, in input order, each result as soon as it is there,
+    on up to ``workers`` processes; where processes cannot start or break, the rest here."""
+    started = 0
+    if min(workers, len(configs)) > 1:
         try:
             with ProcessPoolExecutor(
-                max_workers=workers, initializer=_init_worker, initargs=(trace,)
+                max_workers=min(workers, len(configs)), initializer=_init_worker, initargs=(trace,)
             ) as pool:
-                results = []
-                for result in pool.map(_simulate_in_worker, configs, per_config):
-                    results.append(result)
-                    report(len(results))
-                return results
+                for result in pool.map(_simulate_in_worker, configs, kwargs):
+                    started += 1
+                    yield result
+            return
         except (OSError, BrokenProcessPool, NotImplementedError):
-            pass  # e.g. a sandbox without process support: fall back below
-    results = []
-    for s, kw in zip(configs, per_config, strict=True):
-        results.append(simulate(trace, s, **kw))
-        report(len(results))
-    return results
+            pass  # e.g. a sandbox without process support: the rest below
+    for s, kw in zip(configs[started:], kwargs[started:], strict=True):
+        yield simulate(trace, s, **kw)
+
+
+def _gc_twins(configs: list[SimSettings], kwargs: list[dict[str, Any]]) -> dict[int, int]:
+    """Each ``garbage_collection_threshold`` setting whose twin without it (the same settings
+    and replay options, threshold 0) is in the list too: index -> the twin's index."""
+    plain: dict[tuple[SimSettings, bool, bool], int] = {}
+    for i, (s, kw) in enumerate(zip(configs, kwargs, strict=True)):
+        if s.gc_threshold == 0.0:
+            plain.setdefault((s, kw["check"], kw["timing"]), i)
+    twins = {}
+    for i, (s, kw) in enumerate(zip(configs, kwargs, strict=True)):
+        if s.gc_threshold > 0.0 and not kw["check"]:
+            j = plain.get((dataclasses.replace(s, gc_threshold=0.0), False, kw["timing"]))
+            if j is not None:
+                twins[i] = j
+    return twins
+
+
+def _gc_never_acts(trace: Trace, s: SimSettings, twin: SimResult, device_total: int | None,
+                   non_pytorch_bytes: int) -> bool:
+    """Whether the replay of ``s`` is its twin's without garbage collection, step for step.
+
+    torch's collector frees nothing while reserved memory is within threshold × the fraction's
+    limit, and nothing else reads the ages it keeps; so where the twin (identical until the
+    collector would first act) never reserved more than that, in any GPU timing, nor does ``s``.
+    Without a fraction the collector never runs at all. A trace that changes its fraction
+    mid-run moves the limit: replayed for real.
+    """
+    if trace.limit_changes:
+        return False
+    rules = EngineRules.derive(s, device_total, non_pytorch_bytes)
+    if not rules.gc_enabled:
+        return True
+    assert rules.allowed_max is not None
+    return twin.reserved_range[1] <= int(rules.gc_threshold * rules.allowed_max)
 
 
 #: First releases of each set of replay rules (docs/internals/allocator_facts.md §6.14): expandable

@@ -628,6 +628,8 @@ class _Decoder:
         self.entries = entries
         self.alloc_pools: dict[int, tuple[int, int]] = pools.alloc_pools if pools is not None else {}
         self.release_pools: dict[int, tuple[int, int]] = pools.release_pools if pools is not None else {}
+        self.attributed = bool(self.alloc_pools or self.release_pools)  # private pools read off the run
+        self.default_lanes: dict[int, int] = {}  # stream -> its default-pool lane (see _emit)
         self.initial = initial
         self.recorded_gc = recorded_gc
         self._explained_from: list[int] | None = None
@@ -678,7 +680,17 @@ class _Decoder:
         self.ops.append(op)
         self.aids.append(aid)
         self.sizes.append(size)
-        self.lanes.append(self._lane(entry, idx))
+        # nearly every entry: an int stream, no pool field, no attributed private pool; its
+        # lane is the default pool's for that stream, looked up once (what _lane would give)
+        stream = entry.get("stream")
+        if (type(stream) is int and not self.attributed and "pool_id" not in entry
+                and "segment_pool_id" not in entry and "mempool_id" not in entry):
+            lane = self.default_lanes.get(stream)
+            if lane is None:
+                lane = self.default_lanes[stream] = self._lane(entry, idx)
+        else:
+            lane = self._lane(entry, idx)
+        self.lanes.append(lane)
         self.index.append(idx)
         stamp = entry.get("time_us")
         self.times.append(stamp if type(stamp) is int else int_or_zero(stamp))
