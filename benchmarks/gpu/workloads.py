@@ -578,3 +578,41 @@ def prefetch(device: torch.device, log_step: StepLogger, steps: int = 40) -> Non
 
 
 WORKLOADS["prefetch"] = prefetch
+
+
+def d2h(device: torch.device, log_step: StepLogger, steps: int = 40) -> None:
+    """A held-out two-stream program (written and recorded after round 9's range change): a
+    transformer encoder trained on variable sequence lengths whose outputs an async writer
+    copies to pinned host memory on a side stream (``record_stream`` on that stream, then
+    ``del``), waiting on the last copy's event every 5 steps."""
+    _set_determinism()
+    rng = random.Random(17)
+    main = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+    layer = nn.TransformerEncoderLayer(512, 8, 2048, dropout=0.0, batch_first=True)
+    model = nn.TransformerEncoder(layer, 4, enable_nested_tensor=False).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    host = torch.empty(32 * 512 * 512, dtype=torch.float32).pin_memory()
+    for step in range(steps):
+        log_step(step)
+        batch, seq = rng.choice([16, 32]), rng.randint(64, 512)
+        x = torch.randn(batch, seq, 512, device=device)
+        y = model(x)
+        loss = y.float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        out = y.detach()
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            out.record_stream(side)
+            host[:out.numel()].view(out.shape).copy_(out, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(side)
+        del out, y, loss, x
+        if step % 5 == 4:
+            done.synchronize()
+    torch.cuda.synchronize()
+
+
+WORKLOADS["d2h"] = d2h
