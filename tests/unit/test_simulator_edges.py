@@ -77,6 +77,20 @@ def test_an_oom_where_the_recording_had_none_leaves_the_rest_to_the_handler() ->
     assert "dies" not in reasons
 
 
+def test_a_new_oom_after_a_caught_one_is_the_handlers_in_every_view() -> None:
+    """The replay follows a caught OOM the recording had, then meets one it did not have (the
+    weights still live): the verdict says the handler decides, as the reasons do, not
+    "caught, as recorded" because the first OOM was a recorded one."""
+    b = _caught_then_smaller()
+    keep = b.alloc(8 * MiB)
+    b.free(b.alloc(36 * MiB))  # served in the recording; 44 MiB live on a 40 MiB device here
+    b.free(keep)
+    result = simulate(b.build(), SimSettings(), device_total=40 * MiB)
+    assert result.oom is not None and result.oom.recorded  # the first OOM, replayed as recorded
+    assert result.stopped_early and result.handler_decides and not result.oom_fatal
+    assert result.oom_verdict() == "yes, caught by the program's handler"
+
+
 def test_a_program_that_dies_of_its_oom_is_still_told_so() -> None:
     b = TraceBuilder()
     x = b.alloc(20 * MiB)

@@ -275,7 +275,11 @@ class SimResult:
         if self.oom is not None:
             if self.oom_fatal:
                 return "yes"
-            return "caught, as recorded" if self.oom.recorded else "yes, caught by the program's handler"
+            # stopped at an OOM the recording did not have (even after replaying a caught one
+            # it had): the handler decides, as every other view says (handler_decides)
+            if self.handler_decides or not self.oom.recorded:
+                return "yes, caught by the program's handler"
+            return "caught, as recorded"
         if self.fidelity is not None and self.fidelity.confident:
             return "no"
         return "no (unverified: see the self-check)"
