@@ -39,6 +39,32 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Close the widgets the tests made while the comm machinery still stands.
+
+    Left to interpreter exit, ipywidgets closes each one in ``Widget.__del__`` against a comm
+    manager already torn down and prints a ``KeyError`` traceback per widget: 600 to 1,100 of
+    them in CI's log, where a real error could hide. Best effort: it never fails the session.
+    """
+    import sys
+
+    module = sys.modules.get("ipywidgets.widgets.widget")
+    registry = getattr(module, "_instances", None)  # ipywidgets 8
+    if registry is None:
+        registry = vars(getattr(module, "Widget", object)).get("widgets")  # ipywidgets 7
+    if not isinstance(registry, dict):
+        return
+    for widget in list(registry.values()):
+        try:
+            widget.close()
+        except Exception:  # its comm belonged to a manager already gone
+            try:
+                widget.comm = None  # nothing left for __del__ to close
+                registry.pop(getattr(widget, "model_id", None), None)
+            except Exception:
+                pass
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
