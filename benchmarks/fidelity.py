@@ -195,8 +195,9 @@ def _print_caught(rows: list[dict], markdown: bool) -> None:
     print(f"\ncompleted runs called dead (oom_fatal true): {len(dead)}/{sum(r['completed'] for r in rows)}")
 
 
-def _range_rows(workload: str, by_name: dict[str, dict]) -> list[dict]:
-    trace = extract_trace(load_snapshot(by_name["default"]["pickle"]))
+def _range_rows(workload: str, by_name: dict[str, dict], source: str = "default") -> list[dict]:
+    """Every run of ``workload`` beside the range the ``source`` run's trace gives its settings."""
+    trace = extract_trace(load_snapshot(by_name[source]["pickle"]))
     out = []
     for name, meta in sorted(by_name.items()):
         if name == "frames":
@@ -209,25 +210,24 @@ def _range_rows(workload: str, by_name: dict[str, dict]) -> list[dict]:
     return out
 
 
+def _held(rows: list[dict]) -> tuple[list[dict], int, float]:
+    """(the completed runs, how many of their real peaks lie in their range, the widest range's
+    high/low). A run that ran out of memory stops its own peak at the limit: the range is about
+    completed runs."""
+    done = [r for r in rows if not r["real_oom"] and r["pred"].oom is None]
+    inside = sum(r["pred"].reserved_range[0] <= r["real_peak"] <= r["pred"].reserved_range[1] for r in done)
+    widest = max((r["pred"].reserved_range[1] / r["pred"].reserved_range[0] for r in done
+                  if r["pred"].reserved_range[0]), default=1.0)
+    return done, inside, widest
+
+
 def _other_sources(workload: str, by_name: dict[str, dict]) -> list[list[str]]:
     """For workloads recorded several times under the defaults: each repeat's trace as the
     recording, how many completed runs' real peaks lie in the ranges it gives."""
     out = []
     for source in sorted(n for n in by_name if n.startswith("default_r")):
-        trace = extract_trace(load_snapshot(by_name[source]["pickle"]))
-        inside = total = 0
-        widest = 1.0
-        for name, meta in sorted(by_name.items()):
-            if name == "frames" or meta["oom"] is not None:
-                continue
-            capacity, non_pytorch = _capacity(meta)
-            low, high = simulate(trace, _settings(meta), device_total=capacity,
-                                 non_pytorch_bytes=non_pytorch).reserved_range
-            real = int(meta["stats"]["reserved_bytes.all.peak"])
-            inside += low <= real <= high
-            total += 1
-            widest = max(widest, high / low if low else 1.0)
-        out.append([workload, source, f"{inside}/{total}", f"{widest:.2f}"])
+        done, inside, widest = _held(_range_rows(workload, by_name, source))
+        out.append([workload, source, f"{inside}/{len(done)}", f"{widest:.2f}"])
     return out
 
 
@@ -246,11 +246,7 @@ def _print_ranges(rows: list[dict], markdown: bool) -> None:
                       f"{low / GIB:.3f}–{high / GIB:.3f}", "yes" if inside else "NO",
                       f"{high / low:.2f}" if low else ""])
     print_table(head, lines, markdown)
-    # a run that ran out of memory stops its own peak at the limit: the range is about completed runs
-    done = [r for r in rows if not r["real_oom"] and r["pred"].oom is None]
-    inside = sum(r["pred"].reserved_range[0] <= r["real_peak"] <= r["pred"].reserved_range[1] for r in done)
-    widest = max((r["pred"].reserved_range[1] / r["pred"].reserved_range[0] for r in done
-                  if r["pred"].reserved_range[0]), default=1.0)
+    done, inside, widest = _held(rows)
     point = sum(r["pred"].peak_reserved_bytes == r["real_peak"] for r in done)
     print(f"\nreal peaks inside their range: {inside}/{len(done)} runs without an OOM (the point "
           f"prediction alone: {point}/{len(done)} exact); widest range high/low: {widest:.2f}")

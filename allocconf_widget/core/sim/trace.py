@@ -659,7 +659,7 @@ class _Decoder:
 
     def _lane(self, entry: Mapping[str, Any], idx: int = -1) -> int:
         pool = None
-        if self.alloc_pools or self.release_pools:  # attributed private pools (rare)
+        if self.attributed:  # private pools read off the run (rare)
             pool = self.alloc_pools.get(idx) or self.release_pools.get(idx)
         if pool is None:
             pool = pool_id_of_entry(entry)
