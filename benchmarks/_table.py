@@ -13,7 +13,7 @@ def print_table(head: Sequence[str], lines: Sequence[Sequence[str]], markdown: b
         for line in lines:
             print("| " + " | ".join(line) + " |")
         return
-    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(head)]
+    widths = [max([len(h), *(len(line[i]) for line in lines)]) for i, h in enumerate(head)]
     print("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
     for line in lines:
         print("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)))

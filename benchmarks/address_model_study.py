@@ -178,8 +178,8 @@ class _Layout:
 
     def space(self) -> AddressSpace:
         space = AddressSpace(self.low)
-        space.starts = [s for s, _ in self.free]
-        space.lengths = {s: e - s for s, e in self.free}
+        for s, e in self.free:
+            space.release(s, e - s)
         return space
 
 
@@ -292,8 +292,8 @@ def replay_what_if(runs: dict[str, Run], engine: type[Engine]) -> dict[str, floa
     errors: dict[str, float] = {}
     for name, run in runs.items():
         workload, setting = name.split("__", 1)
-        if setting in ("default", "frames"):
-            continue
+        if setting in ("default", "frames") or f"{workload}__default" not in runs:
+            continue  # a workload recorded without a default run (e.g. only under a fraction)
         total, other = _capacity(run.meta)
         eng = engine(runs[f"{workload}__default"].trace, _settings(run.meta),
                      device_total=total, non_pytorch_bytes=other, stop_at_oom=True)

@@ -44,7 +44,7 @@ time.sleep({think})
 t0 = time.perf_counter()
 rec = view.run()
 elapsed = time.perf_counter() - t0
-assert rec is not None and len(view.rows.children) == len(rec.candidates), view.summary.value
+assert rec is not None and len(view.rows.children) == len(rec.rows), view.summary.value
 print("FIRST_COMPARE", elapsed)
 """
 _OPEN_TAB = "panel.tabs.selected_index = 2\nview = panel.whatif"
