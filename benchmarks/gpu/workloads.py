@@ -616,3 +616,96 @@ def d2h(device: torch.device, log_step: StepLogger, steps: int = 40) -> None:
 
 
 WORKLOADS["d2h"] = d2h
+
+
+def buckets(device: torch.device, log_step: StepLogger, steps: int = 40) -> None:
+    """A two-stream program written after the timing-range code was last changed, to test it
+    on held-out data (``record_edges.py --timing-only buckets,pipe2``): DDP-style gradient
+    bucketing. After ``backward`` a communication stream flattens the gradients into ~25 MiB
+    buckets (``torch.cat``), scales them as an all-reduce's average would, and copies them
+    back; every gradient is ``record_stream``-ed on that stream, and
+    ``zero_grad(set_to_none=True)`` drops them while those copies may still be queued. The
+    optimizer waits for the stream (``wait_stream``, on the GPU only); the loss is read every
+    4 steps (``.item()``), with batches of varying size."""
+    _set_determinism()
+    rng = random.Random(23)
+    main = torch.cuda.current_stream(device)
+    comm = torch.cuda.Stream(device)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024))
+                            for _ in range(6)]).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    params = list(model.parameters())
+    bucket_elems = 25 * 2**20 // 4
+    for step in range(steps):
+        log_step(step)
+        x = torch.randn(rng.choice([64, 128, 256]) * rng.choice([4, 8]), 1024, device=device)
+        loss = model(x).float().pow(2).mean()
+        loss.backward()
+        comm.wait_stream(main)
+        with torch.cuda.stream(comm):
+            bucket: list[torch.Tensor] = []
+            size = 0
+            for p in reversed(params):
+                g = p.grad
+                assert g is not None
+                g.record_stream(comm)
+                bucket.append(g)
+                size += g.numel()
+                if size >= bucket_elems or p is params[0]:
+                    flat = torch.cat([t.flatten() for t in bucket])
+                    flat.mul_(0.5)
+                    for t, v in zip(bucket, flat.split([t.numel() for t in bucket]), strict=True):
+                        t.copy_(v.view_as(t))
+                    del flat
+                    bucket, size = [], 0
+            del g
+        main.wait_stream(comm)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del x
+        if step % 4 == 3:
+            loss.item()
+        del loss
+    torch.cuda.synchronize()
+
+
+WORKLOADS["buckets"] = buckets
+
+
+def pipe2(device: torch.device, log_step: StepLogger, steps: int = 48) -> None:
+    """A two-stream program written after the timing-range code was last changed (as
+    :func:`buckets`): a two-stage inference pipeline on one GPU. Stage one (a conv encoder)
+    runs on one stream and stage two (a head) on another, so that one microbatch's stage two
+    overlaps the next one's stage one; each stage-one output is ``record_stream``-ed on the
+    stage-two stream and dropped by the CPU at once. The predictions are gathered to the host
+    (``.cpu()`` on the stage-two stream, a sync) every 6 microbatches, whose shapes vary."""
+    _set_determinism()
+    rng = random.Random(29)
+    first, second = torch.cuda.Stream(device), torch.cuda.Stream(device)
+    encoder = nn.Sequential(
+        nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 128, 3, padding=1, stride=2),
+        nn.ReLU(), nn.Conv2d(128, 256, 3, padding=1, stride=2), nn.ReLU()).to(device).eval()
+    head = nn.Sequential(nn.Conv2d(256, 256, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(256, 1000)).to(device).eval()
+    outputs: list[torch.Tensor] = []
+    with torch.no_grad():
+        for step in range(steps):
+            log_step(step)
+            batch, res = rng.choice([(32, 128), (64, 96), (16, 224), (48, 160)])
+            with torch.cuda.stream(first):
+                x = torch.randn(batch, 3, res, res, device=device)
+                h = encoder(x)
+                del x
+            second.wait_stream(first)
+            with torch.cuda.stream(second):
+                h.record_stream(second)
+                outputs.append(head(h))
+            del h
+            if step % 6 == 5:
+                with torch.cuda.stream(second):
+                    torch.cat(outputs).cpu()
+                outputs.clear()
+    torch.cuda.synchronize()
+
+
+WORKLOADS["pipe2"] = pipe2
