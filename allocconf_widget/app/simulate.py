@@ -384,18 +384,20 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
     if device_total is None:
         notes.append("device capacity unknown: the device is treated as unlimited, so no OOM can "
                      "be predicted (give --device-total)")
+    recording_fraction = _recording_fraction(trace, fraction, device_total, notes)
     version, version_note = source.torch_version, None
     if version is None:
         choice = trace_torch_version(source.snapshot, trace, device_total=device_total,
-                                     non_pytorch_bytes=non_pytorch, fraction=fraction)
+                                     non_pytorch_bytes=non_pytorch, fraction=recording_fraction)
         version, version_note = choice.version, choice.note
     readback = allocator_settings(source.snapshot)
     if not readback:
         notes.append("the snapshot has no allocator_settings (torch < 2.3): assuming the trace ran "
                      "with torch's defaults")
-    recorded = SimSettings.from_allocator_settings(readback or None, version)
-    if fraction is not None:
-        recorded = dataclasses.replace(recorded, per_process_memory_fraction=fraction)
+    as_recorded = SimSettings.from_allocator_settings(readback or None, version)
+    # the self-check replays the run as it was made; every row applies the fraction in force
+    as_recorded = dataclasses.replace(as_recorded, per_process_memory_fraction=recording_fraction)
+    recorded = dataclasses.replace(as_recorded, per_process_memory_fraction=fraction)
     start_state = None
     if trace.initial_state is not None:
         state = trace.initial_state
@@ -411,19 +413,23 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
                             fidelity=None, rows=(), ranked=False, start_state=start_state,
                             version_note=version_note, usable_bytes=usable)
     if request.rank:
-        return _ranked(head, trace, request, recorded, version, notes,
-                       device_total=device_total, non_pytorch=non_pytorch, fraction=fraction)
+        return _ranked(head, trace, request, recorded, version, notes, device_total=device_total,
+                       non_pytorch=non_pytorch, fraction=fraction, as_recorded=as_recorded)
     confs = _checked_confs(request.confs, version, notes, fraction)
     others = []
     for conf in confs:
         s = SimSettings.from_string(conf, version)
         others.append(dataclasses.replace(s, per_process_memory_fraction=fraction)
                       if fraction is not None else s)
-    configs = [recorded, *others]
+    # the self-check is the recorded row's replay, or one of its own where the rows apply a
+    # fraction the recording did not run under (it then gives the fidelity alone)
+    configs = [recorded, *others] if as_recorded == recorded else [as_recorded, *others, recorded]
     results = simulate_many(trace, configs, device_total=device_total, non_pytorch_bytes=non_pytorch,
                             stop_at_oom=not request.continue_after_oom, workers=request.workers,
-                            check=[True] + [False] * len(others), progress=request.progress)
+                            check=[True] + [False] * (len(configs) - 1), progress=request.progress)
     fidelity = results[0].fidelity
+    if as_recorded != recorded:
+        results = [results[-1], *results[1:-1]]
     if confs:
         rows = tuple(SimulationRow(conf or "(torch defaults)", conf, r.with_fidelity(fidelity))
                      for conf, r in zip(confs, results[1:], strict=True))
@@ -433,9 +439,30 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
     return dataclasses.replace(head, fidelity=fidelity, rows=rows, notes=tuple(notes))
 
 
+def _recording_fraction(trace: Trace, fraction: float | None, device_total: int | None,
+                        notes: list[str]) -> float | None:
+    """The memory fraction the recorded run was made under, as far as the trace can tell: the
+    one in force, unless the run reserved more than that fraction allows. Then the limit is a
+    what-if (``--fraction`` on a run made without one): the self-check must replay the run as it
+    was, or it measures the limit's effect and calls the model unreliable (it said LOW
+    CONFIDENCE, "the replay reserves less than the real run did", on an exact model). A trace
+    whose program changed its fraction mid-run keeps the one in force."""
+    if fraction is None or device_total is None or trace.limit_changes:
+        return fraction
+    from allocconf_widget.core.units import format_bytes
+
+    allowed, peak = int(fraction * device_total), trace.recorded_reserved_peak()
+    if peak <= allowed:
+        return fraction
+    notes.append(f"the recording reserved up to {format_bytes(peak)}, more than a memory fraction of "
+                 f"{fraction:g} allows ({format_bytes(allowed)}): it ran without that limit, so the "
+                 "self-check replays it as it was, and every row applies the limit")
+    return None
+
+
 def _ranked(head: SimulationReport, trace: Trace, request: SimulationRequest, recorded: SimSettings,
             version: TorchVersion, notes: list[str], *, device_total: int | None,
-            non_pytorch: int, fraction: float | None) -> SimulationReport:
+            non_pytorch: int, fraction: float | None, as_recorded: SimSettings) -> SimulationReport:
     """The candidate grid replayed and ranked against the kernel's settings (or the recording's)."""
     from allocconf_widget.core.sim.recommend import recommend
 
@@ -447,7 +474,8 @@ def _ranked(head: SimulationReport, trace: Trace, request: SimulationRequest, re
     if request.kernel is None:
         described = recorded.describe()
         rec = recommend(trace, torch_version=version, current_settings=recorded,
-                        current_conf="" if described == "(defaults)" else described, **options)
+                        current_conf="" if described == "(defaults)" else described,
+                        self_check_settings=as_recorded, **options)
     else:  # the kernel's settings are "current"; the recording's keep a row of their own
         compared_with = request.kernel.to_string()
         current, note = _kernel_settings(compared_with, version)
@@ -456,7 +484,8 @@ def _ranked(head: SimulationReport, trace: Trace, request: SimulationRequest, re
         notes.extend(str(trap) for trap in request.kernel.warnings  # said once, as our note
                      if not (fraction is not None and trap.code == "gc-without-fraction"))
         rec = recommend(trace, torch_version=version, current_settings=current,
-                        current_conf=compared_with, recorded_settings=recorded, **options)
+                        current_conf=compared_with, recorded_settings=recorded,
+                        self_check_settings=as_recorded, **options)
     rows = tuple(SimulationRow(_row_label(c.conf, c.is_current, c.kind), c.conf, c.result, c.reason,
                                c.is_current, rank, c.kind)
                  for rank, c in enumerate(rec.candidates, 1))

@@ -202,3 +202,28 @@ def test_mid_run_recording_says_the_replay_starts_from_its_recorded_state() -> N
     assert doc["initial_state"] == {"source": "recorded", "reserved_bytes": 1_530_920_960,
                                     "allocated_bytes": doc["initial_state"]["allocated_bytes"]}
     assert doc["peak_reserved_bytes"] == 1_530_920_960  # the real window peak: no new segment
+
+
+def test_a_fraction_the_run_was_not_made_under_leaves_the_self_check_as_recorded(trace_file: Path) -> None:
+    """``--fraction`` below what the recording reserved is a what-if: every row runs under the
+    limit, the self-check replays the run as it was (it said LOW CONFIDENCE, "the replay
+    reserves less than the real run did", of a model that reproduces the run exactly)."""
+    result = _simulate_cli(trace_file, "--torch-version", "2.11", "--device-total", "1GiB",
+                           "--fraction", "0.05", "--conf", "garbage_collection_threshold:0.6")
+    assert result.returncode == 0, result.stderr
+    assert "ran without that limit, so the self-check replays it as it was" in result.stderr
+    assert "GC does nothing" not in result.stderr + result.stdout
+    assert "peak reserved matches" in result.stdout and "LOW CONFIDENCE" not in result.stdout
+    docs = json.loads(_simulate_cli(trace_file, "--torch-version", "2.11", "--device-total", "1GiB",
+                                    "--fraction", "0.05", "--json").stdout)
+    (doc,) = docs
+    assert doc["fidelity"]["exact"] is True
+    assert doc["peak_reserved_bytes"] <= int(0.05 * 1024 * MiB)  # the row itself is limited
+
+
+def test_a_fraction_the_run_fits_under_is_the_self_checks_too(trace_file: Path) -> None:
+    result = _simulate_cli(trace_file, "--torch-version", "2.11", "--device-total", "1GiB",
+                           "--fraction", "0.9")
+    assert result.returncode == 0, result.stderr
+    assert "ran without that limit" not in result.stderr
+    assert "peak reserved matches" in result.stdout

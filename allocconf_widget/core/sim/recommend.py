@@ -134,6 +134,7 @@ def recommend(
     recorded_settings: SimSettings | None = None,
     progress: Callable[[int, int], None] | None = None,
     offer_release: TorchVersion | None = None,
+    self_check_settings: SimSettings | None = None,
 ) -> Recommendation:
     """Replay the candidate grid and rank it.
 
@@ -152,6 +153,9 @@ def recommend(
         offer_release: the torch a user would apply a row to (the kernel's, when it differs
             from the trace's): grid settings it does not take are not offered, and a note
             says which. The replays still follow the trace's release.
+        self_check_settings: what the self-check replays, when not the recorded settings
+            under ``fraction``: the recording's own, where ``fraction`` is a limit the run
+            was not made under (its rows still apply it).
     """
     version = simulated_release(torch_version)
     if current_settings is None:
@@ -198,7 +202,7 @@ def recommend(
     # so a row of the recorded settings and the self-check beside it never disagree.
     results = simulate_many(
         trace,
-        [s for _, _, s in entries] + [recorded],
+        [s for _, _, s in entries] + [self_check_settings or recorded],
         device_total=device_total,
         non_pytorch_bytes=non_pytorch_bytes,
         workers=workers,
