@@ -531,6 +531,7 @@ class DryRun:
                                "are fixed; the prediction still holds for a fresh process")
         stack = contextlib.ExitStack()
         try:
+            stack.enter_context(tp.UserObjectsRestored(torch))  # exits last: after the mode
             stack.enter_context(tp.GpuContextInitBlocked())
             stack.enter_context(tp.FakeParameterSwaps(torch))
             stack.enter_context(tp.FakeForeachDefault(torch))
@@ -629,8 +630,14 @@ def isolated_namespace(user_ns: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     ns = dict(user_ns)
-    heavy = {k: v for k, v in ns.items()
-             if isinstance(v, torch.Tensor | torch.nn.Module | torch.optim.Optimizer)}
-    if heavy:
-        ns.update(copy.deepcopy(heavy))
+    memo: dict[int, Any] = {}
+    for name, value in ns.items():
+        if not isinstance(value, torch.Tensor | torch.nn.Module | torch.optim.Optimizer):
+            continue
+        try:
+            ns[name] = copy.deepcopy(value, memo)
+        except Exception:  # torch refuses some: a loss left by an earlier cell, weight_norm
+            # a tensor's view: ops in the dry run's fake mode never write to it; a module or
+            # optimizer stays the user's own, which the dry run restores (UserObjectsRestored)
+            ns[name] = value.detach() if isinstance(value, torch.Tensor) else value
     return ns

@@ -599,3 +599,120 @@ class FakeForeachDefault:
         if self._added:
             self._types.remove(self._fake)
             self._added = False
+
+
+class UserObjectsRestored:
+    """While entered, note what the dry run changes on the user's own modules and optimizers,
+    wherever they are reached from; on exit, put it back.
+
+    The magic deep-copies the tensors, modules and optimizers bound to names in the notebook,
+    but a model held by anything else (a trainer's attribute, a dict of models, a pipeline's
+    ``.model``) is the user's object: ``.to("cuda")`` in the cell replaced its parameters with
+    fake ones (no values: the trained weights were gone, and on a CPU-only build the next
+    forward pass aborted the process). Three things can change such an object:
+
+    * ``Module._apply`` (``to``, ``cuda``, ``half``, ``to_empty`` …) rebinds entries of
+      ``_parameters`` and ``_buffers``: each module's two dicts are saved the first time it is
+      applied to, and restored;
+    * the same, on releases or tensor types where it swaps a parameter's contents in place
+      (``torch.utils.swap_tensors``): each swap of a real tensor is swapped back;
+    * an optimizer's step fills ``state`` and a scheduler changes ``param_groups``: both are
+      saved before each optimizer's first step (torch's global step pre-hook), and restored.
+
+    What the cell assigns to the user's objects by hand (``trainer.model = …``) is its own
+    doing and stays (docs/dryrun.md says so).
+    """
+
+    def __init__(self, torch: ModuleType) -> None:
+        self._torch = torch
+        self._modules: dict[int, tuple[Any, dict[str, Any], dict[str, Any]]] = {}
+        self._optimizers: dict[int, tuple[Any, dict[Any, Any], list[dict[str, Any]]]] = {}
+        self._swaps: list[tuple[Any, Any]] = []
+        self._saved_apply: Any = None
+        self._saved_swap: Any = None
+        self._hook: Any = None
+
+    def __enter__(self) -> UserObjectsRestored:
+        torch = self._torch
+        module_cls, utils = torch.nn.Module, torch.utils
+        modules, optimizers, swaps = self._modules, self._optimizers, self._swaps
+        original_apply = self._saved_apply = module_cls._apply
+        original_swap = self._saved_swap = getattr(utils, "swap_tensors", None)
+
+        def _apply(module: Any, *args: Any, **kwargs: Any) -> Any:
+            if id(module) not in modules:
+                modules[id(module)] = (module, dict(module._parameters), dict(module._buffers))
+            return original_apply(module, *args, **kwargs)
+
+        module_cls._apply = _apply
+        if original_swap is not None:
+            def swap_tensors(t1: Any, t2: Any) -> Any:
+                real = not is_fake_tensor(t1)
+                result = original_swap(t1, t2)
+                if real:
+                    swaps.append((t1, t2))
+                return result
+
+            utils.swap_tensors = swap_tensors
+        register = getattr(getattr(torch.optim, "optimizer", None), "register_optimizer_step_pre_hook", None)
+        if register is not None:
+            def before_step(optimizer: Any, *_args: Any) -> None:
+                if id(optimizer) not in optimizers:
+                    optimizers[id(optimizer)] = (optimizer, {p: dict(s) for p, s in optimizer.state.items()},
+                                                 [dict(g) for g in optimizer.param_groups])
+
+            self._hook = register(before_step)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        torch = self._torch
+        torch.nn.Module._apply = self._saved_apply
+        if self._saved_swap is not None:
+            torch.utils.swap_tensors = self._saved_swap
+        if self._hook is not None:
+            self._hook.remove()
+        for t1, t2 in reversed(self._swaps):
+            _swap_back(torch, t1, t2)
+        for module, params, buffers in self._modules.values():
+            module._parameters.clear()
+            module._parameters.update(params)
+            module._buffers.clear()
+            module._buffers.update(buffers)
+        for optimizer, state, groups in self._optimizers.values():
+            optimizer.state.clear()
+            optimizer.state.update({p: dict(s) for p, s in state.items()})
+            for group, saved in zip(optimizer.param_groups, groups, strict=False):
+                group.clear()
+                group.update(saved)
+        self._swaps.clear()
+        self._modules.clear()
+        self._optimizers.clear()
+
+
+def _swap_back(torch: ModuleType, t1: Any, t2: Any) -> None:
+    """Undo ``swap_tensors(t1, t2)``. The fake mode holds weak references to both (its
+    describer map, discarded with the mode), which ``swap_tensors`` refuses; for this one
+    swap its weakref check is told there are none."""
+    import weakref
+
+    utils: Any = torch.utils
+    saved = getattr(utils, "weakref", None)
+    if saved is not None:
+        utils.weakref = _NoWeakrefsOf(weakref, {id(t1), id(t2)})
+    try:
+        utils.swap_tensors(t1, t2)
+    finally:
+        if saved is not None:
+            utils.weakref = saved
+
+
+class _NoWeakrefsOf:
+    def __init__(self, module: ModuleType, ids: set[int]) -> None:
+        self._module = module
+        self._ids = ids
+
+    def getweakrefs(self, obj: Any) -> list[Any]:
+        return [] if id(obj) in self._ids else list(self._module.getweakrefs(obj))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)

@@ -62,6 +62,53 @@ def test_dryrun_cell_predicts_and_leaves_the_users_model_real(ip, capsys):
     assert torch.cuda.is_initialized() is False
 
 
+def test_a_model_held_by_another_object_keeps_its_weights_and_still_runs(ip, capsys):
+    """Only names bound in the notebook are deep-copied; a model in a trainer's attribute or a
+    dict is the user's own. ``.to("cuda")`` in the cell replaced its parameters with fakes (the
+    trained values gone; the next forward pass aborted the process on this CPU-only build)."""
+    ip.run_cell("""
+class Trainer:
+    def __init__(self, model):
+        self.model = model
+        self.opt = torch.optim.SGD(model.parameters(), lr=0.1)
+trainer = Trainer(torch.nn.Linear(8, 8))
+trainer.model.register_buffer("scale", torch.full((8,), 2.0))
+models = {"main": torch.nn.Linear(4, 4)}
+before = (trainer.model.weight.detach().clone(), models["main"].weight.detach().clone())
+""")
+    ip.run_cell_magic("allocconf", "-r dryrun --gpu t4", """
+with torch.no_grad():
+    trainer.model.to("cuda").half()
+    models["main"].cuda()
+    trainer.model(torch.randn(2, 8, device="cuda", dtype=torch.half))
+    trainer.opt.step()
+""")
+    assert "Predicted:" in capsys.readouterr().out
+    ns = ip.user_ns
+    for module, weight in ((ns["trainer"].model, ns["before"][0]), (ns["models"]["main"], ns["before"][1])):
+        assert type(module.weight) is torch.nn.Parameter and module.weight.device.type == "cpu"
+        assert torch.equal(module.weight.detach(), weight)  # the values, not only the type
+    assert torch.equal(ns["trainer"].model.scale, torch.full((8,), 2.0))
+    opt = ns["trainer"].opt
+    assert opt.param_groups[0]["params"][0] is ns["trainer"].model.weight and not opt.state
+    ip.run_cell("real_out = trainer.model(torch.randn(3, 8))")  # a real forward pass still runs
+    assert ns["real_out"].shape == (3, 8) and torch.cuda.is_initialized() is False
+    for name in ("Trainer", "trainer", "models", "before", "real_out"):
+        ns.pop(name)
+
+
+def test_a_tensor_torch_cannot_copy_does_not_stop_the_dry_run(ip, capsys):
+    """A loss left by an earlier cell (not a graph leaf) made the namespace copy raise: no dry
+    run at all in a notebook that had run one real step."""
+    ip.run_cell("earlier_loss = model(torch.randn(2, 256)).sum()")
+    try:
+        ip.run_cell_magic("allocconf", "-r dryrun --gpu t4", CELL)
+        assert "Predicted:" in capsys.readouterr().out
+        assert ip.user_ns["earlier_loss"].grad_fn is not None  # the user's own, untouched
+    finally:
+        ip.user_ns.pop("earlier_loss")
+
+
 def test_simulate_after_a_dryrun_ranks_the_estimate(ip, capsys):
     ip.run_cell_magic("allocconf", "dryrun --gpu l4", CELL)
     capsys.readouterr()
