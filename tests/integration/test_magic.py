@@ -333,3 +333,20 @@ def _cpu_build() -> bool:
     import torch
 
     return torch.version.cuda is None
+
+
+def test_an_error_nobody_foresaw_is_one_line_as_the_cli_says_it(ip, monkeypatch):
+    """Fault injection: a replay failing in a way no check names (a hostile file's shape).
+    The magic raised it with a full traceback where the CLI printed one line."""
+    from allocconf_widget.app import simulate as use_case
+
+    def broken(*_args, **_kwargs):
+        raise KeyError(386856262853142088175845376)
+
+    monkeypatch.setattr(use_case, "simulate", broken)
+    monkeypatch.delenv("ALLOCCONF_DEBUG", raising=False)
+    with pytest.raises(UsageError, match=r"could not be processed \(KeyError: 3868.*ALLOCCONF_DEBUG=1"):
+        ip.run_line_magic("allocconf", "simulate --demo")
+    monkeypatch.setenv("ALLOCCONF_DEBUG", "1")
+    with pytest.raises(KeyError):
+        ip.run_line_magic("allocconf", "simulate --demo")

@@ -486,13 +486,16 @@ class Engine:
                 allocated -= blk.size
                 self.pending[aid] = blk
             elif op == 3:  # -------------------------------------- pending free done
-                blk = live[aid]
+                # the pending block, not whatever holds the address now: a completion held
+                # past malloc's sync (trace._hold_sync_completions) can follow a new
+                # allocation at the same address, once its segment was released and made
+                # again. None: a sync in the replay completed it already (a completion
+                # without a request decodes as a whole free, op 1)
+                blk = self.pending.pop(aid, None)
                 if blk is None:
                     continue
-                live[aid] = None
-                self.pending.pop(aid, None)
-                if not blk.pending:
-                    allocated -= blk.size
+                if live[aid] is blk:
+                    live[aid] = None
                 active -= blk.size
                 requested -= blk.req
                 self.to_cache(blk)

@@ -219,6 +219,9 @@ def attribute_pools(
                     empty.add(sid_or_none)
         elif act == "segment_alloc":
             addr, size = int_or_zero(e.get("addr")), int_or_zero(e.get("size"))
+            pos = bisect_right(live_starts, addr) - 1
+            if pos >= 0 and addr < segs[live_id[live_starts[pos]]].end:
+                return None  # a segment made inside a live one: the trace contradicts itself
             sid = len(segs)
             seg = _Segment(addr, addr + size, int_or_zero(e.get("stream")), size == SMALL_SEGMENT)
             segs.append(seg)

@@ -59,7 +59,8 @@ def free_all_cached(eng: EngineCore, i: int) -> None:
     """``release_cached_blocks`` (OOM path and ``empty_cache``): sync, then release."""
     eng.num_sync_all_streams += 1
     for aid, blk in list(eng.pending.items()):
-        eng.live[aid] = None
+        if eng.live[aid] is blk:  # (the address may hold a newer block: see run_ops)
+            eng.live[aid] = None
         eng.active -= blk.size
         eng.requested -= blk.req
         eng.to_cache(blk)

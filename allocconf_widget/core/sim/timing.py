@@ -109,15 +109,22 @@ def _own_ids_after_reuse(trace: Trace, watched: set[int]) -> Trace:
     ops, aids = trace.ops, trace.addr_ids
     new_ids = array(aids.typecode, aids)
     current: dict[int, int] = {}
+    requested: dict[int, int] = {}  # address id -> the id its pending request used
     fresh = trace.num_addresses
     for row in _rows_with(ops, (OP_ALLOC, OP_FREE, OP_FREE_REQUESTED, OP_FREE_COMPLETED)):
         aid = aids[row]
         if aid not in watched:
             continue
-        if ops[row] == OP_ALLOC:
+        op = ops[row]
+        if op == OP_ALLOC:
             current[aid] = fresh
             fresh += 1
+        if op == OP_FREE_COMPLETED:  # it frees the block its request named, even when a new
+            new_ids[row] = requested.pop(aid, current.get(aid, aid))  # one holds the address
+            continue
         new_ids[row] = current.get(aid, aid)
+        if op == OP_FREE_REQUESTED:
+            requested[aid] = new_ids[row]
     if fresh == trace.num_addresses:
         return trace
     return dataclasses.replace(trace, addr_ids=new_ids, num_addresses=fresh)

@@ -482,7 +482,13 @@ def recorded_cell_start(snapshot: Mapping[str, Any]) -> CellStart | None:
 
 
 def _finite(value: Any) -> TypeGuard[int | float]:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A real number a float can hold (an int of 400 digits is not: ``float()`` overflows)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def cell_start_index(entries: Sequence[Any], *, start: CellStart | None,
@@ -760,9 +766,8 @@ class _Decoder:
                     skip_next = True
                 if addr not in live:
                     self._unknown(idx)
-                elif fused:
-                    del live[addr]
-                    self._emit(OP_FREE, addr, 0, e, idx)
+                elif fused:  # a second request of a pending free completes the first one
+                    self._emit(OP_FREE_COMPLETED if live.pop(addr) else OP_FREE, addr, 0, e, idx)
                 elif not live[addr]:
                     live[addr] = True
                     self.deferred += 1

@@ -10,12 +10,12 @@ dependencies are loaded.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from allocconf_widget._errors import AllocConfError, SnapshotError, printable
+from allocconf_widget._errors import AllocConfError, SnapshotError
+from allocconf_widget.views.text.unexpected import debugging, unexpected_error
 
 
 class _Parser(argparse.ArgumentParser):
@@ -63,11 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # a file or value we did not foresee: a message, never a traceback
-        if os.environ.get("ALLOCCONF_DEBUG"):
+        if debugging():
             raise
-        print(f"error: the input could not be processed ({type(exc).__name__}: "
-              f"{printable(str(exc), 300)}). If the file is one torch wrote unchanged, please "
-              "report this; ALLOCCONF_DEBUG=1 shows the traceback.", file=sys.stderr)
+        print(f"error: {unexpected_error(exc)}", file=sys.stderr)
         return 2
 
 

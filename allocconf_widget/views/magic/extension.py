@@ -22,6 +22,7 @@ from allocconf_widget.views.magic import core as magic_core
 from allocconf_widget.views.magic.commands import COMMANDS
 from allocconf_widget.views.magic.completion import register_completer, split_args
 from allocconf_widget.views.magic.context import MagicContext
+from allocconf_widget.views.text.unexpected import debugging, unexpected_error
 
 
 class _Parser(argparse.ArgumentParser):
@@ -82,6 +83,12 @@ def _magics_class() -> Any:
                 result = handler(args, ctx)
             except (AllocConfError, RuntimeStateError, SnapshotError) as exc:
                 raise UsageError(str(exc)) from None
+            except Exception as exc:
+                # a cell magic runs the user's code: its own errors keep their traceback;
+                # anything else is input nobody foresaw (a file), said as the CLI says it
+                if getattr(args, "takes_cell", False) or debugging():
+                    raise
+                raise UsageError(unexpected_error(exc)) from None
             return result if args.return_result else None
 
         allocconf.__doc__ = build_parser().format_help()
