@@ -68,6 +68,12 @@ class DryRunTrace:
         return sum(1 for e in self.entries if e["action"] == "alloc")
 
 
+#: a dry run's trace ends there (about 0.5 GiB of entries): one step makes far fewer calls
+MAX_ENTRIES = 1_000_000
+#: entries past this one carry no call stack (each held ~1.4 KiB with one)
+FRAMES_UNTIL = 200_000
+
+
 @dataclass
 class _Log:
     """The recorder's mutable state, shared with the finalizers."""
@@ -83,6 +89,9 @@ class _Log:
     frames: bool = True
 
     def alloc(self, key: int, size: int, synthetic: str | None = None) -> int:
+        if len(self.entries) >= MAX_ENTRIES:
+            raise DryRunError(f"the step made more than {MAX_ENTRIES:,} allocator calls; a dry run "
+                              "is for one step (or a few) of the loop: run one step in the cell")
         addr = self.next_addr
         self.next_addr += (size + _ALIGN - 1) // _ALIGN * _ALIGN
         self.live[key] = (addr, size)
@@ -90,7 +99,7 @@ class _Log:
         self.peak = max(self.peak, self.current)
         entry: dict[str, Any] = {"action": "alloc", "addr": addr, "size": size, "stream": 0,
                                  "time_us": _now_us()}
-        frames = _user_frames() if self.frames else []
+        frames = _user_frames() if self.frames and len(self.entries) < FRAMES_UNTIL else []
         if synthetic is not None:  # added by a rule, not seen: say so where viewers look
             frames.insert(0, {"filename": "<allocconf dry-run rule>", "line": 0, "name": synthetic})
         entry["frames"] = frames

@@ -174,6 +174,13 @@ class DryRunContext:
         finally:
             if self._run.trace is not None:
                 self.result = DryRunResult(self._run.trace, self.gpu, self._notes)
+        if kind is None and self.result is not None and not self.result.trace.allocations:
+            self.result = None  # nothing to predict from: kept nowhere, replacing nothing
+            from allocconf_widget.adapters.dryrun import DryRunError
+
+            raise DryRunError("the dry run saw no allocation on the GPU: the step made every "
+                              "tensor on the CPU. Move the model and the batch to 'cuda' in the "
+                              "cell (model.to('cuda'), batch.to('cuda')), as the real step would")
 
     def _done(self) -> DryRunResult:
         if self.result is None:

@@ -149,6 +149,11 @@ def test_recommend_ranks_candidates(trace_file: Path) -> None:
         (["--device-total", "eighty"], "cannot read 'eighty' as a size"),
         (["--fraction", "0.5"], "total memory (--device-total)"),
         (["--torch-version", "1.9"], "outside the simulated range"),
+        (["--device-total", "0"], "less than 1 MiB"),  # these three replayed "OOM at event 0"
+        (["--device-total", "0.4"], "less than 1 MiB"),
+        (["--device-total", "1GiB", "--non-pytorch", "2GiB"], "leaves nothing of --device-total"),
+        (["--workers", "0"], "--workers 0 is not a number of processes"),
+        (["--workers", "-3"], "--workers -3 is not a number of processes"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_fix(trace_file: Path, args: list[str], message: str) -> None:

@@ -247,3 +247,32 @@ def test_plan_chart_draws_one_line_per_setting_and_the_usable_memory(ip, capsys)
     assert names == ["(torch defaults)", "expandable_segments:True"]
     assert list(fig.data[0].x) == [1024, 65536]
     assert any("usable" in (a.text or "") for a in fig.layout.annotations)
+
+
+def test_a_cell_without_a_cuda_tensor_says_so_and_keeps_nothing(ip, capsys):
+    """It was kept as the session's dry run with no allocation in it: the next %allocconf
+    simulate then failed, advising torch.cuda.memory._record_memory_history."""
+    ip.run_cell_magic("allocconf", "-r dryrun --gpu t4", CELL)  # a usable one first
+    capsys.readouterr()
+    with pytest.raises(UsageError, match=r"saw no allocation on the GPU.*model\.to\('cuda'\)"):
+        ip.run_cell_magic("allocconf", "dryrun --gpu t4", "x = torch.zeros(3)\n")
+    ip.run_line_magic("allocconf", "simulate")  # still ranks the earlier dry run
+    assert "dry run (estimate)" in capsys.readouterr().out
+
+
+def test_plan_says_a_failing_size_in_one_line(ip, capsys):
+    ip.run_cell_magic("allocconf", "-r dryrun --gpu t4", CELL)
+    capsys.readouterr()
+    ip.run_line_magic("allocconf", "plan BATCH 64 99999999999999999999999")
+    out = capsys.readouterr().out
+    assert "frame #" not in out and len(out.splitlines()) < 20, out
+
+
+def test_a_dry_run_of_too_many_steps_stops_with_a_message(ip, monkeypatch):
+    from allocconf_widget.adapters import dryrun as adapter
+
+    monkeypatch.setattr(adapter, "MAX_ENTRIES", 50)  # the real bound is 1,000,000 entries
+    with pytest.raises(UsageError, match="more than 50 allocator calls; a dry run is for one step"):
+        ip.run_cell_magic("allocconf", "dryrun --gpu t4", "with torch.no_grad():\n"
+                          "    xs = [torch.empty(8, device='cuda') for _ in range(100)]\n")
+    assert torch.cuda.is_initialized() is False

@@ -155,4 +155,14 @@ def _sizes(args: argparse.Namespace) -> tuple[int | None, int | None]:
         other = parse_size(args.non_pytorch) if args.non_pytorch is not None else None
     except ValueError as exc:
         raise _BadInputError(str(exc)) from None
+    if total is not None and total < 1 << 20:  # 0, or 0.4 bytes: every replay "OOM at event 0"
+        raise _BadInputError(f"--device-total {args.device_total[:40]!r} is less than 1 MiB; give "
+                             "the GPU's memory, e.g. 16GiB or 80GB")
+    if total is not None and other is not None and other >= total:
+        raise _BadInputError(f"--non-pytorch {args.non_pytorch[:40]!r} leaves nothing of "
+                             f"--device-total {args.device_total[:40]!r} for PyTorch; it is the memory "
+                             "outside the allocator (CUDA context, libraries), e.g. 600MiB")
+    if args.workers is not None and args.workers < 1:
+        raise _BadInputError(f"--workers {args.workers} is not a number of processes; give 1 or "
+                             "more (default: all cores)")
     return total, other

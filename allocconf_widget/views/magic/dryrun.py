@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from allocconf_widget._errors import RuntimeStateError
+from allocconf_widget._errors import RuntimeStateError, printable
 
 if TYPE_CHECKING:
     from allocconf_widget.views.magic.context import MagicContext, SubParsers
@@ -108,7 +108,9 @@ def run_plan(args: argparse.Namespace, ctx: MagicContext) -> Any:
         except DryRunError:
             raise
         except Exception as exc:  # the cell failed at this size: say so in the table
-            raise DryRunError(f"the cell raised {type(exc).__name__}: {exc}") from None
+            # one line: torch's errors carry a C++ backtrace of dozens of lines after it
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise DryRunError(f"the cell raised {type(exc).__name__}: {printable(first, 200)}") from None
 
     plan = plan_batch(step, args.sizes, confs=tuple(args.conf or ("", "expandable_segments:True")),
                       gpus=tuple(args.gpu or ("t4",)))
