@@ -89,11 +89,16 @@ class DryRunResult:
     def all_notes(self) -> tuple[str, ...]:
         return (*self.notes, *self.trace.notes)
 
+    @property
+    def label(self) -> str:
+        """How every view names this trace: an estimate, and for which GPU."""
+        return f"a {LABEL} of your step on {self.gpu.name}"
+
     def source(self) -> TraceSource:
         """What the what-if replays: labelled an estimate, on this GPU's usable memory."""
         from allocconf_widget.app.simulate import TraceSource, recorded_release
 
-        return TraceSource(self.snapshot(), f"a {LABEL} of your step on {self.gpu.name}",
+        return TraceSource(self.snapshot(), self.label,
                            recorded_release(self.trace.torch_version), self.gpu.total_bytes,
                            self.gpu.context_bytes, notes=(*GAPS, *self.all_notes()))
 
@@ -141,7 +146,7 @@ class DryRunResult:
 
     def summary(self) -> str:
         t = self.trace
-        lines = [f"Dry run ({LABEL}) for {self.gpu.describe()}: {t.ops:,} ops, "
+        lines = [f"A {LABEL} for {self.gpu.describe()}: {t.ops:,} ops, "
                  f"{t.allocations:,} allocations in {t.seconds:.2f} s; peak requested "
                  f"{format_bytes(t.peak_requested)}, {format_bytes(t.live_at_end)} still allocated "
                  "at the end. CUDA was not started."]

@@ -134,6 +134,9 @@ def _non_pytorch(source: TraceSource, trace: Trace, notes: list[str]) -> int:
 class DryRunSource(Protocol):
     """A dry run's estimate (``app/dryrun.DryRunResult``), as a trace to replay."""
 
+    @property
+    def label(self) -> str: ...
+
     def source(self) -> TraceSource: ...
 
 
@@ -149,6 +152,21 @@ class RecordingHolder(Protocol):
     def recording_key(self) -> tuple[str, int]: ...
 
 
+RECORDING_LABEL = "the last %%allocconf record"
+
+
+def source_label(session: RecordingHolder) -> str:
+    """What :func:`trace_source` replays now, said without loading it: the What if? tab heads
+    its Compare button with it (it said "the bundled recording" while a dry run was replayed)."""
+    kind = session.recording_key()[0]
+    dry = session.dry_run
+    if kind == "recording":
+        return RECORDING_LABEL
+    if kind == "dryrun" and dry is not None:
+        return dry.label
+    return "the bundled H200 recording (no %%allocconf record or dry run in this session yet)"
+
+
 def trace_source(session: RecordingHolder, path: str | None = None, demo: bool = False) -> TraceSource:
     """A file, the session's last ``%%allocconf record``, or the bundled recording."""
     if path:
@@ -161,7 +179,7 @@ def trace_source(session: RecordingHolder, path: str | None = None, demo: bool =
 
         held = sum(int(seg.get("total_size", 0)) for seg in rec.snapshot.get(INITIAL_SEGMENTS_KEY) or ()
                    if isinstance(seg, dict) and seg.get("device", 0) == 0)
-        return TraceSource(rec.snapshot, "the last %%allocconf record",
+        return TraceSource(rec.snapshot, RECORDING_LABEL,
                            recorded_release(rec.torch_version), rec.device_total,
                            max((rec.device_total or 0) - (rec.free_at_start or 0) - held, 0))
     dry = session.dry_run  # an estimate, labelled so

@@ -53,7 +53,8 @@ def test_dryrun_cell_predicts_and_leaves_the_users_model_real(ip, capsys):
     result = ip.run_cell_magic("allocconf", "-r dryrun --gpu t4", CELL)
     out = capsys.readouterr().out
     assert "dry run (estimate)" in out and "CUDA was not started" in out
-    assert "Predicted: torch's defaults: peak reserved" in out and "on Tesla T4" in out
+    assert "Predicted with the settings this kernel applies: torch's defaults: peak reserved" in out
+    assert "on Tesla T4" in out
     assert "loss 1.000" in out  # the cell ran; its printed value is the dry run's placeholder
     weight = ip.user_ns["model"][0].weight
     assert type(weight) is torch.nn.Parameter and weight.device.type == "cpu"
@@ -83,7 +84,7 @@ with torch.no_grad():
     trainer.model(torch.randn(2, 8, device="cuda", dtype=torch.half))
     trainer.opt.step()
 """)
-    assert "Predicted:" in capsys.readouterr().out
+    assert "Predicted with the settings" in capsys.readouterr().out
     ns = ip.user_ns
     for module, weight in ((ns["trainer"].model, ns["before"][0]), (ns["models"]["main"], ns["before"][1])):
         assert type(module.weight) is torch.nn.Parameter and module.weight.device.type == "cpu"
@@ -103,7 +104,7 @@ def test_a_tensor_torch_cannot_copy_does_not_stop_the_dry_run(ip, capsys):
     ip.run_cell("earlier_loss = model(torch.randn(2, 256)).sum()")
     try:
         ip.run_cell_magic("allocconf", "-r dryrun --gpu t4", CELL)
-        assert "Predicted:" in capsys.readouterr().out
+        assert "Predicted with the settings" in capsys.readouterr().out
         assert ip.user_ns["earlier_loss"].grad_fn is not None  # the user's own, untouched
     finally:
         ip.user_ns.pop("earlier_loss")
@@ -276,3 +277,32 @@ def test_a_dry_run_of_too_many_steps_stops_with_a_message(ip, monkeypatch):
         ip.run_cell_magic("allocconf", "dryrun --gpu t4", "with torch.no_grad():\n"
                           "    xs = [torch.empty(8, device='cuda') for _ in range(100)]\n")
     assert torch.cuda.is_initialized() is False
+
+
+def test_the_whatif_tab_names_the_dry_run_it_replays(ip, capsys):
+    """Its label said "the bundled H200 recording" above a result replaying the dry run."""
+    from allocconf_widget.app.session import get_session
+    from allocconf_widget.views.widgets.whatif import WhatIfView
+
+    view = WhatIfView(get_session(ip))
+    try:
+        assert "bundled H200 recording" in view.source.value
+        ip.run_cell_magic("allocconf", "dryrun --gpu t4", CELL)
+        capsys.readouterr()
+        assert "dry run (estimate) of your step on Tesla T4" in view.source.value  # on the change
+        report = view.run()
+        assert report is not None and report.source_label in view.source.value
+    finally:
+        view.close()
+
+
+def test_the_dry_run_predicts_the_settings_the_kernel_applies(ip, capsys):
+    """It printed torch's defaults while the kernel ran max_split_size_mb:128 and the Settings
+    tab, on the same dry run, replayed that."""
+    ip.run_line_magic("allocconf", "set max_split_size_mb=128")
+    ip.run_line_magic("allocconf", "apply --no-save")
+    capsys.readouterr()
+    ip.run_cell_magic("allocconf", "dryrun --gpu t4", CELL)
+    out = capsys.readouterr().out
+    assert "Predicted with the settings this kernel applies: max_split_size_mb:128: peak reserved" in out
+    assert "dry run (dry run" not in out

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from allocconf_widget._errors import RuntimeStateError, printable
+from allocconf_widget._errors import AllocConfError, RuntimeStateError, printable
 
 if TYPE_CHECKING:
     from allocconf_widget.views.magic.context import MagicContext, SubParsers
@@ -78,8 +78,15 @@ def run_dryrun(args: argparse.Namespace, ctx: MagicContext) -> Any:
 
     ctx.session.set_dry_run(result, DryRunCell(ctx.cell, args.gpu))
     print(result.summary())
-    best = result.predict("")
-    print(f"Predicted: {best.describe()}.")
+    # the settings this kernel applies, as the Settings tab's "Applied now" line replays them
+    applied = ctx.session.view().applied.to_string()
+    try:
+        best = result.predict(applied)
+    except AllocConfError as exc:
+        print(f"note: this kernel's settings cannot be replayed on the dry run ({exc}); "
+              "torch's defaults instead")
+        best = result.predict("")
+    print(f"Predicted with the settings this kernel applies: {best.describe()}.")
     if args.save:
         path = result.save(args.save)
         print(f"Saved the dry-run snapshot to {path} (allocconf simulate {path}).")

@@ -37,7 +37,13 @@ from typing import Any
 from allocconf_widget.app.candidates import CandidatePlan, apply_candidate, plan_candidate, plan_for_session
 from allocconf_widget.app.dryrun import EstimateCheck
 from allocconf_widget.app.session import ApplyOutcome, Session
-from allocconf_widget.app.simulate import SimulationReport, SimulationRequest, SimulationRow, simulate
+from allocconf_widget.app.simulate import (
+    SimulationReport,
+    SimulationRequest,
+    SimulationRow,
+    simulate,
+    source_label,
+)
 from allocconf_widget.core.units import format_bytes
 from allocconf_widget.views.charts.style import COLORS
 from allocconf_widget.views.text.dryrun import estimate_beside, estimate_verdict
@@ -207,10 +213,7 @@ class WhatIfView:
 
     # -- header lines -------------------------------------------------------------
     def _describe_source(self) -> None:
-        self.source.value = ("<i>trace: the last %%allocconf record</i>"
-                             if self.session.recording is not None
-                             else "<i>trace: the bundled H200 recording (no %%allocconf record "
-                                  "in this session yet)</i>")
+        self.source.value = f"<i>trace: {html.escape(source_label(self.session))}</i>"
 
     def _effective(self) -> str:
         return str(self.session.view().effective.to_string())
