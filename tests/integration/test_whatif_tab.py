@@ -105,6 +105,23 @@ def test_row_apply_says_what_changes_waits_for_a_yes_and_answers_under_the_row()
     view.close()
 
 
+def test_an_outcome_goes_once_the_kernel_runs_something_else():
+    """It stayed under its row after another Apply (elsewhere) had replaced what it applied:
+    "Applied expandable_segments:True" under a ranking against max_split_size_mb:128."""
+    session = Session()
+    view = WhatIfView(session)
+    view.run()
+    row = _row(view, "expandable_segments:True")
+    row.apply.click()
+    row.yes.click()
+    assert _row(_settled(view), "expandable_segments:True").result.value.startswith("<b>Applied")
+    _applied(session, "max_split_size_mb:128")  # the Settings tab, the magic or the OOM card
+    _settled(view)
+    assert "This kernel runs <code>max_split_size_mb:128</code>" in view.current.value
+    assert all(r.result is None for r in view._rows), [r.result.value for r in view._rows if r.result]
+    view.close()
+
+
 def test_cancel_changes_nothing():
     session = Session()
     view = WhatIfView(session)
@@ -198,4 +215,20 @@ def test_the_settings_tab_shows_an_apply_made_in_this_tab():
     assert shown != first
     assert "max_split_size_mb: 512 → unset" in shown or "512 → unset" in shown, shown
     view.close()
+    panel.close()
+
+
+def test_the_settings_tabs_outcome_goes_once_the_draft_moves_on():
+    """An "Applied." block stayed under the next, unapplied draft, as if that were applied."""
+    from allocconf_widget.views.widgets.panel import Panel
+
+    session = Session()
+    panel = Panel(session)
+    panel._rows["max_split_size_mb"].enabled.value = True
+    panel._rows["max_split_size_mb"].editor.children[1].value = "512"
+    panel._apply_clicked(None)
+    assert "Applied." in panel.result.value
+    panel._rows["garbage_collection_threshold"].enabled.value = True  # a new draft, not applied
+    assert panel.result.value == ""
+    assert not panel.apply_button.disabled  # and Apply offers it
     panel.close()

@@ -97,6 +97,7 @@ class Panel:
         self.widget.add_class("allocconf-panel")
         self.whatif: Any = None  # the What if? tab's view, built when first opened
         self._shown_outcome = session.last_outcome  # an apply from before the panel is not news
+        self._result_draft = ""  # the draft the result line (an apply's outcome) was about
         self._unsubscribe = session.subscribe(self._session_changed)
         self._refresh_status()
 
@@ -110,6 +111,10 @@ class Panel:
 
     def _refresh_status(self) -> None:
         status = self.model.status()
+        if self.result.value and self.model.draft_text() != self._result_draft:
+            # the draft moved on since: an "Applied." block under an unapplied draft read as
+            # if the new draft were applied
+            self.result.value = ""
         self.status.value = self.model.status_html(status)
         for name, row in self._rows.items():  # the error is shown on the row it is about
             row.mark_error(status.error if name == status.error_option else None)
@@ -137,11 +142,11 @@ class Panel:
                 # the session's notification renders the outcome, with the rows and banner
                 self.model.apply()
             except AllocConfError as exc:
-                self.result.value = f"<span style='color:#b00020'>✖ {html.escape(str(exc))}</span>"
+                self._say_result(f"<span style='color:#b00020'>✖ {html.escape(str(exc))}</span>")
                 return
             except RuntimeError as exc:  # torch's own setter refused it
-                self.result.value = (f"<span style='color:#b00020'>✖ torch refused the settings: "
-                                     f"{html.escape(str(exc).splitlines()[0])}</span>")
+                self._say_result(f"<span style='color:#b00020'>✖ torch refused the settings: "
+                                 f"{html.escape(str(exc).splitlines()[0])}</span>")
                 return
 
     def _show_last_apply(self) -> None:
@@ -159,7 +164,7 @@ class Panel:
                      and not outcome.save.saved)
             lines.append(f"<span style='color:#b00020'>⚠ {html.escape(line)}</span>" if saved
                          else html.escape(line))
-        self.result.value = f"<b>{html.escape(outcome.headline())}</b><br>" + "<br>".join(lines)
+        self._say_result(f"<b>{html.escape(outcome.headline())}</b><br>" + "<br>".join(lines))
 
     def _restart_clicked(self, _button: Any) -> None:
         from allocconf_widget.adapters.frontend import restart
@@ -167,10 +172,15 @@ class Panel:
 
         saved = save_settings(self.model.session.settings_for_restart())
         if not saved.saved:  # a restart now would lose the settings: say so, restart nothing
-            self.result.value = f"<span style='color:#b00020'>✖ {html.escape(saved.message())}</span>"
+            self._say_result(f"<span style='color:#b00020'>✖ {html.escape(saved.message())}</span>")
             return
         outcome = restart()
-        self.result.value = html.escape(outcome.message)
+        self._say_result(html.escape(outcome.message))
+
+    def _say_result(self, text: str) -> None:
+        """Show an apply's (or restart's) outcome under the controls, for the draft as it is."""
+        self._result_draft = self.model.draft_text()
+        self.result.value = text
 
     def _snippet_text(self) -> str:
         snips = self.model.snippets()

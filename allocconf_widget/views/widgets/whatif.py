@@ -15,7 +15,8 @@ kernel's torch takes are offered. A row's Apply goes through the one candidate u
 (:mod:`allocconf_widget.app.candidates`): it first says what it will set, unset and keep and
 waits for a confirmation; the outcome appears under that row. The tab follows the Session:
 when an Apply made anywhere changes what the kernel runs, the rows are ranked again against
-it (the trace is already decoded; the outcome under the applied row stays).
+it (the trace is already decoded; the outcome under the applied row stays while the kernel
+still runs what it applied).
 
 Speed: the first Compare must answer at once. Building the tab starts decoding
 the trace in a background thread (kept per session, so a new panel reuses it),
@@ -198,7 +199,9 @@ class WhatIfView:
         self.compared_with: str | None = None
         self.rerank: threading.Thread | None = None  # a re-ranking after an Apply, if one runs
         self._rows: list[_Row] = []
-        self._outcomes: dict[str, str] = {}  # row conf → the outcome shown under it
+        # row conf → the outcome shown under it, and the settings the kernel ran and the trace
+        # replayed right after it: it stays across a new ranking only while both still hold
+        self._outcomes: dict[str, tuple[str, tuple[str, tuple[str, int]]]] = {}
         self._describe_source()
         self._show_current()
         self._unsubscribe = session.subscribe(self._session_changed)
@@ -217,6 +220,10 @@ class WhatIfView:
 
     def _effective(self) -> str:
         return str(self.session.view().effective.to_string())
+
+    def _outcome_key(self) -> tuple[str, tuple[str, int]]:
+        """What an Apply's outcome under a row is true of: the kernel's settings, the trace."""
+        return self._effective(), self.session.recording_key()
 
     def _show_current(self) -> None:
         from allocconf_widget.adapters.runtime_state import Phase
@@ -278,9 +285,13 @@ class WhatIfView:
         self.charts.children = self._charts(_runs(report))
         self._rows = [self._row(row) for row in report.rows]
         self._mark_rows()  # before they are shown: no row ever appears with the wrong Apply state
+        now = self._outcome_key()
+        for conf, (_, after) in list(self._outcomes.items()):
+            if after != now:  # applied since (here or elsewhere), or another trace replayed
+                del self._outcomes[conf]
         for row in self._rows:  # an outcome stays under its row across a new ranking
             if row.conf in self._outcomes:
-                self._say(row, self._outcomes[row.conf])
+                self._say(row, self._outcomes[row.conf][0])
         self.rows.children = [row.box for row in self._rows]
 
     def _row(self, sim_row: SimulationRow) -> _Row:
@@ -403,7 +414,7 @@ class WhatIfView:
             return None
         text = (f"<b>{html.escape(outcome.headline())}</b> "
                 + "<br>".join(html.escape(line) for line in outcome.lines()))
-        self._outcomes[conf] = text
+        self._outcomes[conf] = (text, self._outcome_key())
         row = self._find(conf)  # the Session's notification may have ranked the rows again
         if row is not None:
             self._say(row, text)
