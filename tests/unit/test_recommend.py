@@ -139,3 +139,23 @@ def test_settings_the_kernels_torch_does_not_take_are_not_offered() -> None:
     assert "max_split_size_mb:256" in offered  # what 1.13 takes stays
     note = next(n for n in old.notes if n.startswith("not offered"))
     assert "torch 1.13" in note and "expandable_segments:True" in note
+
+
+def test_a_settings_mechanism_does_not_flip_with_what_runs_now() -> None:
+    """The same row, the same peak, opposite explanations: max_split_size_mb:128 was "large
+    requests keep adding segments" beside expandable segments and "small requests cannot
+    fragment the big cached blocks" beside max_split_size_mb:64 (it was said against "now")."""
+    from allocconf_widget.core.memory.recording import load_demo
+
+    trace = extract_trace(load_demo().snapshot())
+    v = TorchVersion(2, 11)
+
+    def why(current: str) -> str:
+        rec = recommend(trace, torch_version=v, current_conf=current,
+                        extra_confs=["max_split_size_mb:128"], workers=1)
+        row = next(c for c in rec.candidates if c.conf == "max_split_size_mb:128")
+        return row.reason.split("): ", 1)[1]
+
+    beside_expandable, beside_split64 = why("expandable_segments:True"), why("max_split_size_mb:64")
+    assert beside_expandable == beside_split64
+    assert "large requests keep adding segments" in beside_split64  # 24.80 GiB vs 10.69 default

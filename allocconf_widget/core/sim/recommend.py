@@ -212,8 +212,15 @@ def recommend(
     )
     fidelity = results.pop().fidelity
     base = results[0]
+    # a row's mechanism is what its option does on this trace, against torch's defaults: said
+    # against "now", the same split128 row was "large requests keep adding segments" beside
+    # expandable segments and "small requests cannot fragment the big blocks" beside split64
+    plain = dataclasses.replace(_settings_for("", version), per_process_memory_fraction=fraction)
+    defaults = next((r for (_, _, s), r in zip(entries, results, strict=True)
+                     if dataclasses.replace(s, label=plain.label) == plain), base)
     candidates = [  # each result carries the self-check, so its OOM verdict can say how sure it is
-        Candidate(conf, kind, s, r.with_fidelity(fidelity), _reason(kind, s, r, base), kind == "current")
+        Candidate(conf, kind, s, r.with_fidelity(fidelity), _reason(kind, s, r, base, defaults),
+                  kind == "current")
         for (conf, kind, s), r in zip(entries, results, strict=True)
     ]
     candidates.sort(key=_rank_key)
@@ -306,8 +313,9 @@ _WHY_WORSE = {
 }
 
 
-def _reason(kind: str, s: SimSettings, r: SimResult, base: SimResult) -> str:
-    """One line: the numbers against the current settings, then the mechanism."""
+def _reason(kind: str, s: SimSettings, r: SimResult, base: SimResult, defaults: SimResult) -> str:
+    """One line: the numbers against the current settings, then the mechanism: what the
+    setting does on this trace against torch's defaults (``defaults``), whatever runs now."""
     if kind == "current":
         text = (
             f"current settings: peak reserved {format_bytes(r.peak_reserved_bytes)} for "
@@ -351,7 +359,12 @@ def _reason(kind: str, s: SimSettings, r: SimResult, base: SimResult) -> str:
         head += (f"; the request that failed at event {r.path_changes_at:,} in the recording fits here, "
                  "so the program's OOM handler would not run and what it does next (a larger batch, "
                  "say) is not in the recording: peaks after that event are not predicted")
-    return f"{head}: {_why(kind, s, better=new <= old).format(**params)}{_timing_words(r)}"
+    plain = defaults.peak_reserved_bytes
+    if new == plain and kind not in ("defaults", "recorded"):
+        why = "on this trace it reserves what torch's defaults reserve at the peak"
+    else:
+        why = _why(kind, s, better=new <= plain).format(**params)
+    return f"{head}: {why}{_timing_words(r)}"
 
 
 def _why(kind: str, s: SimSettings, *, better: bool) -> str:
