@@ -103,13 +103,35 @@ class Verdict:
     sureness: str
     events: int
     notes: tuple[str, ...] = ()
+    #: the settings this kernel runs, where they differ from the recording's and avoid the OOM
+    #: (a recording of another run, or settings changed since): nothing to apply then
+    current: VerdictOption | None = None
 
     @property
     def winner(self) -> VerdictOption | None:
+        """The setting to apply; None when none avoids the OOM or the kernel's already does
+        (the card offered "Apply max_split_size_mb:64" to a kernel running it)."""
+        if self.current is not None:
+            return None
         return self.winners[0] if self.winners else None
 
     @property
+    def also(self) -> tuple[VerdictOption, ...]:
+        """The other settings that avoid it, by peak (listed under the headline)."""
+        return self.winners if self.current is not None else self.winners[1:]
+
+    @property
+    def avoided(self) -> bool:
+        """Some setting avoids the OOM: the kernel's own, or the winner."""
+        return self.current is not None or self.winner is not None
+
+    @property
     def headline(self) -> str:
+        if self.current is not None:
+            limit = f" of a {format_bytes(self.limit)} limit" if self.limit else ""
+            return (f"the settings this kernel runs now ({self.current.shown_conf}) would have "
+                    f"avoided it: peak {format_bytes(self.current.peak_reserved)}{limit}; "
+                    "nothing to apply")
         if self.winner is None:
             return (f"no setting avoids this: {format_bytes(self.allocated_at_oom)} is "
                     "allocated, not cached")
@@ -124,9 +146,9 @@ class Verdict:
 
     def lines(self) -> list[str]:
         out = [f"Verdict: {self.headline}"]
-        if len(self.winners) > 1:
+        if self.also:
             out.append("Also avoids it, by peak:")
-            out += [f"  {i}. {self.option_line(o)}" for i, o in enumerate(self.winners[1:], 2)]
+            out += [f"  {i}. {self.option_line(o)}" for i, o in enumerate(self.also, 2)]
         out.append(f"How sure: {self.sureness}")
         out += [f"note: {n}" for n in self.notes]
         return out
@@ -160,11 +182,15 @@ def verdict(capture: OomCapture, kernel: AllocConf | None = None) -> Verdict:
     reproduced = recorded is not None and recorded.result.oom is not None
     winners: list[VerdictOption] = []
     losers: list[VerdictOption] = []
+    current: VerdictOption | None = None
     for row in report.rows:
         if row is recorded:
             continue
         option = VerdictOption(row.conf, row.result.oom is None, row.result.peak_reserved_bytes,
                                row.reason or "")
+        if row.is_current and option.avoids_oom and reproduced:
+            current = option
+            continue
         (winners if option.avoids_oom and reproduced else losers).append(option)
     winners.sort(key=lambda o: (o.peak_reserved, len(o.conf)))
     fidelity = report.fidelity
@@ -188,7 +214,7 @@ def verdict(capture: OomCapture, kernel: AllocConf | None = None) -> Verdict:
              f"peaks cover the recorded window ({report.num_events:,} events, up to the request "
              "that failed); what the run needs after it was never seen"]
     return Verdict(_limit(capture), allocated, tuple(winners), tuple(losers), sureness,
-                   report.num_events, tuple(notes))
+                   report.num_events, tuple(notes), current)
 
 
 # ----------------------------------------------------------------- the analysis

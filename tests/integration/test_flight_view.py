@@ -215,3 +215,23 @@ def test_allocconf_simulate_on_the_saved_pickle_agrees_with_the_card(view, tmp_p
     rows = {line.split("  ")[0].strip(): line for line in run.stdout.splitlines() if "GiB" in line}
     assert "at event" in rows["(torch defaults) [current]"]  # the OOM, as recorded
     assert rows[winner.conf].rstrip().endswith(" no")  # what the card said
+
+
+@pytest.mark.skipif(not has_torch((2, 1)), reason="expandable segments need torch 2.1+")
+def test_a_kernel_already_running_a_setting_that_avoids_it_is_offered_nothing(demo):
+    """The card offered "Apply max_split_size_mb:64" to a kernel running it (the Apply then said
+    "nothing to change"), and pushed a kernel on expandable segments, which also avoid this OOM,
+    to another setting."""
+    from allocconf_widget.core.config.conf import parse_conf
+
+    kernel = parse_conf("expandable_segments:True", warn=False)
+    analysis = analyse(demo.capture, label="Recording", kernel=kernel)
+    verdict_ = analysis.verdict
+    assert verdict_ is not None and verdict_.current is not None
+    assert verdict_.winner is None and verdict_.avoided
+    assert verdict_.headline.startswith("the settings this kernel runs now (expandable_segments:True) "
+                                        "would have avoided it")
+    assert all(o.conf != "expandable_segments:True" for o in verdict_.also)
+    view = FlightOomView(analysis, session=Session(), report=build_report(demo.message, demo.settings))
+    assert "nothing to apply" in view.verdict.value
+    assert view.apply_button.layout.display == "none"

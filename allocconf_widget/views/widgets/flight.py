@@ -79,10 +79,10 @@ def verdict_html(analysis: FlightAnalysis) -> str:
             return f"<div style='color:{_MUTED}'>{escape(analysis.verdict_error)}</div>"
         return ("<div style='color:#666'><i>Verdict: replaying the recorded window under the "
                 "candidate settings…</i></div>")
-    color = _GOOD if verdict.winner is not None else _BAD
+    color = _GOOD if verdict.avoided else _BAD
     parts = [f"<div style='font-weight:600;color:{color}'>Verdict: {escape(verdict.headline)}</div>"]
-    if len(verdict.winners) > 1:
-        items = "".join(f"<li>{escape(verdict.option_line(o))}</li>" for o in verdict.winners[1:6])
+    if verdict.also:
+        items = "".join(f"<li>{escape(verdict.option_line(o))}</li>" for o in verdict.also[:5])
         parts.append(f"<div style='font-size:12px'>Also avoids it, by peak:</div>"
                      f"<ol start='2' style='margin:2px 0;font-size:12px'>{items}</ol>")
     parts.append(f"<div style='font-size:12px'>How sure: {escape(verdict.sureness)}</div>")
@@ -186,6 +186,8 @@ class FlightOomView:
             self.apply_button.layout.display = ""
             self.apply_button.layout.width = "auto"
             self.apply_button.disabled = False
+        else:  # none avoids it, or the kernel's own settings already do: nothing to apply
+            self.apply_button.layout.display = "none"
 
     def ask(self) -> CandidatePlan | None:
         """The confirm step: what Apply would set, unset and keep, with Apply / Cancel."""
