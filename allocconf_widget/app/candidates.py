@@ -13,7 +13,7 @@ returns its :class:`~allocconf_widget.app.session.ApplyOutcome`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from allocconf_widget.app.session import ApplyOutcome, Session
 from allocconf_widget.core.config.conf import AllocConf, Change, format_value, parse_conf
@@ -39,6 +39,8 @@ class CandidatePlan:
     #: None: replayed from this kernel's own recording; else what it was replayed from
     #: (a recording of another run): Apply says so and asks first
     foreign_source: str | None = None
+    #: a staged draft, not applied, that Apply replaces (it was dropped without a word)
+    replaces_draft: str | None = None
 
     @property
     def shown_conf(self) -> str:
@@ -55,14 +57,21 @@ class CandidatePlan:
 
     @property
     def needs_confirmation(self) -> bool:
-        """Ask before applying: it unsets something, or it was replayed from another run."""
-        return bool(self.changes) and (bool(self.unsets) or self.foreign_source is not None)
+        """Ask before applying: it unsets something, it was replayed from another run, or it
+        replaces a draft the user staged."""
+        return bool(self.changes) and (bool(self.unsets) or self.foreign_source is not None
+                                       or self.replaces_draft is not None)
 
     def describe(self) -> str:
-        """One sentence for the confirm step: what will be set, unset and kept."""
+        """One sentence for the confirm step: what will be set, unset, kept and replaced, and
+        that it is saved (every Apply is: ``%load_ext`` re-applies it in a new kernel)."""
         if not self.changes:
             return "this kernel already runs these settings: nothing to change"
         text = "Apply will " + self._sentence("set", "unset", "keeps")
+        if self.replaces_draft is not None:
+            text += (f"; it replaces your staged draft {self.replaces_draft or '(torch defaults)'}, "
+                     "which is not applied")
+        text += "; it is saved for this project and re-applied in new kernels"
         if self.foreign_source is not None:
             text = (f"replayed from {self.foreign_source}, not from this kernel's own run: "
                     f"{text[0].lower()}{text[1:]}")
@@ -105,8 +114,14 @@ def plan_candidate(base: AllocConf, conf: str, *, foreign_source: str | None = N
 
 
 def plan_for_session(session: Session, conf: str, *, foreign_source: str | None = None) -> CandidatePlan:
-    """:func:`plan_candidate` from what ``session`` applied (read now)."""
-    return plan_candidate(session.view().applied, conf, foreign_source=foreign_source)
+    """:func:`plan_candidate` from what ``session`` applied (read now), naming a staged draft
+    that Apply would replace."""
+    view = session.view()
+    plan = plan_candidate(view.applied, conf, foreign_source=foreign_source)
+    staged = view.staged.to_string()
+    if staged != view.applied.to_string() and staged != plan.target.to_string():
+        plan = replace(plan, replaces_draft=staged)
+    return plan
 
 
 def apply_candidate(session: Session, plan: CandidatePlan) -> ApplyOutcome:

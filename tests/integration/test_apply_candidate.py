@@ -130,3 +130,24 @@ def test_flight_apply_of_the_demo_asks_then_keeps_the_pinned_options(ip, capsys)
     result = ip.run_line_magic("allocconf", "-r flight apply --demo --yes")
     assert isinstance(result, ApplyOutcome)
     _kept(session)
+
+
+def test_a_rows_apply_says_it_replaces_a_staged_draft_and_saves(clean_env):
+    """A staged, unapplied draft was dropped without a word by a row's Apply, and the question
+    did not say the setting is saved for every new kernel of the project."""
+    session = Session()
+    _applied_before(session)
+    session.stage(parse_conf(f"garbage_collection_threshold:0.8,{PINNED}", session.state().version,
+                             warn=False), eager=False)  # the panel's draft, before its Apply
+    view = WhatIfView(session)
+    try:
+        view.run()
+        row = next(r for r in view._rows if r.conf == "expandable_segments:True")
+        plan = view.ask(row)
+        assert plan is not None and plan.needs_confirmation
+        question = html.unescape(row.question.value)
+        assert "replaces your staged draft garbage_collection_threshold:0.8" in question
+        assert "which is not applied" in question
+        assert "saved for this project and re-applied in new kernels" in question
+    finally:
+        view.close()

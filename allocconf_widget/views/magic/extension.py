@@ -83,6 +83,8 @@ def _magics_class() -> Any:
                 result = handler(args, ctx)
             except (AllocConfError, RuntimeStateError, SnapshotError) as exc:
                 raise UsageError(str(exc)) from None
+            except UsageError:  # a handler's own message
+                raise
             except Exception as exc:
                 # a cell magic runs the user's code: its own errors keep their traceback;
                 # anything else is input nobody foresaw (a file), said as the CLI says it
