@@ -350,3 +350,25 @@ def test_an_error_nobody_foresaw_is_one_line_as_the_cli_says_it(ip, monkeypatch)
     monkeypatch.setenv("ALLOCCONF_DEBUG", "1")
     with pytest.raises(KeyError):
         ip.run_line_magic("allocconf", "simulate --demo")
+
+
+def test_help_is_a_word_too(ip, capsys):
+    """``%allocconf help`` was "invalid choice: 'help'"; only -h and ``%allocconf?`` worked."""
+    ip.run_line_magic("allocconf", "help")
+    assert "SUBCOMMAND" in capsys.readouterr().out
+    ip.run_line_magic("allocconf", "help simulate")
+    assert "--conf" in capsys.readouterr().out
+
+
+def test_set_names_every_problem_at_once_and_a_failed_paste_replaces_nothing(ip, capsys):
+    ip.run_line_magic("allocconf", "set max_split_size_mb=256")
+    capsys.readouterr()
+    with pytest.raises(UsageError, match=r"2 problems: \(1\) unknown option 'expandable_segment'.*"
+                                         r"\(2\) garbage_collection_threshold=1.2 is too large"):
+        ip.run_line_magic("allocconf", "set expandable_segment=true garbage_collection_threshold=1.2")
+    with pytest.raises(UsageError):
+        ip.run_line_magic("allocconf", "set PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:abc")
+    assert "replacing the staged" not in capsys.readouterr().out  # it replaced nothing
+    from allocconf_widget.app.session import get_session
+
+    assert get_session(ip).staged().to_string() == "max_split_size_mb:256"

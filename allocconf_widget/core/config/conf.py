@@ -127,14 +127,30 @@ class AllocConf:
         rebuilt string. The result is parsed once, however many options change.
         """
         merged = dict(self.entries)
+        problems: list[AllocConfError] = []  # every one, not the first: one retry fixes them all
         for name, value in changes.items():
-            canonical = check_option_name(name, self.torch_version)
-            if value is None:
-                merged.pop(canonical, None)
+            try:
+                canonical = check_option_name(name, self.torch_version)
+                if value is None:
+                    merged.pop(canonical, None)
+                    continue
+                if isinstance(value, str):
+                    _check_single_value(canonical, value, self.torch_version)
+            except AllocConfError as exc:
+                problems.append(exc)
                 continue
-            if isinstance(value, str):
-                _check_single_value(canonical, value, self.torch_version)
             merged[canonical] = value
+        if problems:  # the options that passed may still fail together (a value's range)
+            try:
+                _reparse(merged, self.torch_version)
+            except AllocConfError as exc:
+                problems.append(AllocConfError(exc.reason, option=exc.option, fix=exc.fix))
+        if len(problems) == 1:
+            raise problems[0]
+        if problems:
+            raise AllocConfError(f"{len(problems)} problems: "
+                                 + "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)),
+                                 option=problems[0].option)
         try:
             return _reparse(merged, self.torch_version)
         except AllocConfError as exc:

@@ -138,13 +138,11 @@ def run_set(args: argparse.Namespace, ctx: MagicContext) -> Any:
     items = list(args.settings)
     pasted, value = strip_variable_prefix(" ".join(items))
     replace = args.replace
+    before = session.staged().to_string()
     if pasted is not None:  # a pasted `PYTORCH_CUDA_ALLOC_CONF=a:1`: the name is not an option
         # a whole variable is a whole configuration: it replaces what was staged (merged, an
         # earlier max_split_size_mb:256 stayed and then drew a warning about the mix)
-        before = session.staged().to_string()
         replace = True
-        print(f"note: dropped the variable name {pasted}= and staged its value as the whole "
-              "configuration" + (f", replacing the staged {before}" if before else ""))
         items = [value]
     options, whole = _parse_settings(items)
     if whole is not None:
@@ -154,6 +152,9 @@ def run_set(args: argparse.Namespace, ctx: MagicContext) -> Any:
         staged = session.update(options, base=parse_conf("", session.state().version, warn=False))
     else:
         staged = session.update(options)
+    if pasted is not None:  # said once it worked: before, a value that failed still "replaced"
+        print(f"note: dropped the variable name {pasted}= and staged its value as the whole "
+              "configuration" + (f", replacing the staged {before}" if before else ""))
     _report_staged(session, staged)
     return staged
 

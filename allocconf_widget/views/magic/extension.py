@@ -68,8 +68,11 @@ def _magics_class() -> Any:
             from allocconf_widget.app.session import get_session
 
             parser = build_parser()
+            words = split_args(line)
+            if words[:1] == ["help"]:  # `%allocconf help [SUBCOMMAND]`, as people type it
+                words = [*words[1:2], "-h"]
             try:
-                args = parser.parse_args(split_args(line))
+                args = parser.parse_args(words)
             except SystemExit:  # -h/--help printed the help already
                 return None
             except ValueError as exc:
