@@ -45,8 +45,9 @@ def register(subparsers: Any) -> None:
                         help="torch release that recorded the trace (default: installed torch, "
                              "else guessed from the snapshot)")
     parser.add_argument("--conf", action="append", metavar="C", default=None,
-                        help="settings to try, e.g. expandable_segments:True (repeatable; "
-                             "'' = torch defaults)")
+                        help="a setting to replay, e.g. expandable_segments:True (repeatable; "
+                             "'' = torch defaults): only these, unless --recommend adds the grid "
+                             "of common settings (as %%allocconf simulate always does)")
     parser.add_argument("--device-total", metavar="BYTES",
                         help="GPU memory, e.g. 80GB or 141GiB (default: inferred from an OOM in "
                              "the trace, else unlimited)")

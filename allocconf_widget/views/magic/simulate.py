@@ -33,7 +33,10 @@ def register(subparsers: SubParsers) -> None:
         description="Replay the last %%allocconf record trace (or TRACE) through the allocator "
         "model under candidate settings; prints peak reserved, OOM and the reason for each.")
     p.add_argument("trace", nargs="?", help="a snapshot pickle with a trace (default: last recording)")
-    p.add_argument("--conf", action="append", default=[], help="extra setting string to try")
+    p.add_argument("--conf", action="append", default=[],
+                   help="a setting to add to the ranking, beside the grid of common settings and "
+                        "this kernel's own (repeatable). The CLI's `allocconf simulate --conf` "
+                        "replays only the settings given, unless --recommend")
     p.add_argument("--demo", action="store_true", help="use the bundled H200 recording")
     p.add_argument("--fraction", type=float, help="memory fraction limit in force")
     p.set_defaults(handler=run_simulate)
