@@ -349,3 +349,11 @@ def test_messages_never_carry_raw_control_characters_or_unbounded_text():
             parse_conf(text, "2.13", warn=False)
         message = str(caught.value)
         assert message.isprintable() and len(message) < 5000, message[:200]
+
+
+@pytest.mark.parametrize("word", ["unlimited", "None", "default"])
+def test_a_word_for_the_default_says_to_leave_the_option_unset(word):
+    """The panel shows "unlimited" for an unset max_split_size_mb; typing it back answered
+    only "is not a number"."""
+    with pytest.raises(AllocConfError, match=r"it means torch's default.*leave max_split_size_mb unset"):
+        parse_conf(f"max_split_size_mb:{word}", torch_version="2.11")

@@ -128,11 +128,22 @@ def parse_unsigned(spec_name: str, text: str, version: TorchVersion,
             fix=(f"write a whole number: {instead}" if instead
                  else f"write the whole number you mean, e.g. {spec_name}:{suggestion}"),
         )
+    if text.strip().lower() in _DEFAULT_WORDS:  # the panel shows "unlimited" for an unset size
+        raise AllocConfError(
+            f"{spec_name}={text!r} is not a number torch reads: it means torch's default",
+            option=spec_name,
+            fix=f"leave {spec_name} unset (untick it in the panel; %allocconf unset {spec_name}) "
+                "for torch's default, or write a whole number, e.g. 512",
+        )
     raise AllocConfError(
         f"{spec_name}={text!r} is not a number",
         option=spec_name,
         fix=f"write a whole number, e.g. {spec_name}:512",
     )
+
+
+#: words people type for "no limit" / "the default", which torch reads as no number at all
+_DEFAULT_WORDS = frozenset({"unlimited", "none", "default", "off", "no", "inf", "infinite", "-"})
 
 
 def _suggest_int(text: str, read_as: int) -> int:
