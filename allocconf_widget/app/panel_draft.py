@@ -200,7 +200,10 @@ class PanelModel:
 
     def status_html(self, status: DraftStatus) -> str:
         """The resulting string, validation message and per-option plan as HTML."""
-        parts = [f"<code>{html.escape(status.variable)}={html.escape(status.text)!s}</code>"]
+        # the line a draft would write; "would be" until Apply: the variable held the applied
+        # settings while this line read as if it held the draft
+        shown = f"<code>{html.escape(status.variable)}={html.escape(status.text)!s}</code>"
+        parts = [f"{shown} (after Apply)" if status.has_changes and not status.error else shown]
         if status.error:
             where = f"<b>{html.escape(status.error_option)}</b>: " if status.error_option else ""
             parts.append(f"<span style='color:#b00020'>✖ {where}{html.escape(status.error)}</span>")

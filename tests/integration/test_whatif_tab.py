@@ -228,7 +228,9 @@ def test_the_settings_tabs_outcome_goes_once_the_draft_moves_on():
     panel._rows["max_split_size_mb"].editor.children[1].value = "512"
     panel._apply_clicked(None)
     assert "Applied." in panel.result.value
-    panel._rows["garbage_collection_threshold"].enabled.value = True  # a new draft, not applied
+    assert "(after Apply)" not in panel.status.value  # the variable holds what it shows
+    panel._rows["max_split_size_mb"].editor.children[1].value = "256"  # a new draft, not applied
     assert panel.result.value == ""
     assert not panel.apply_button.disabled  # and Apply offers it
+    assert "max_split_size_mb:256</code> (after Apply)" in panel.status.value
     panel.close()
