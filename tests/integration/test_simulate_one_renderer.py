@@ -117,3 +117,16 @@ def test_in_a_notebook_the_table_is_html_with_the_same_cells(ip, capsys, monkeyp
         if line.startswith(("settings ", "(torch defaults)")):
             assert all(word in cells or word in " ".join(cells) for word in line.split("  ") if word)
     assert repr(shown) == render_simulation(report).rstrip("\n")  # text front ends: the table
+
+
+def test_in_a_notebook_a_peak_and_its_range_each_keep_to_one_line():
+    """In a narrow output area "608.00 MiB (608.00 MiB– 714.00 MiB by GPU timing)" wrapped over
+    four lines: the value and its parenthesis are each unbreakable, one under the other."""
+    from allocconf_widget.app.simulate import SimulationRequest, file_source, simulate
+    from allocconf_widget.views.text.simulate import render_simulation_html
+
+    report = simulate(file_source(str(DATA / "streams2__frac_default.pickle.gz")),
+                      SimulationRequest(confs=("", "expandable_segments:True"), workers=1))
+    assert any(row.result.timing_dependent for row in report.rows)
+    page = render_simulation_html(report)
+    assert "<br><span style='white-space:nowrap'>(" in page and "by GPU timing)</span>" in page

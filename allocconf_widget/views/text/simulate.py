@@ -85,10 +85,19 @@ def render_simulation_html(report: SimulationReport) -> str:
     """The same header, table and reasons as HTML: a table that wraps inside its cells."""
     head, *body = _cells(report)
 
+    def cell(text: str) -> str:
+        # "608.00 MiB (608.00 MiB–714.00 MiB by GPU timing)" wrapped over four lines in a
+        # narrow output area: the value, then its parenthesis, each on one line
+        value, paren, rest = text.partition(" (")
+        nowrap = "<span style='white-space:nowrap'>{}</span>"
+        if not paren:
+            return html.escape(text)
+        return nowrap.format(html.escape(value)) + "<br>" + nowrap.format(html.escape("(" + rest))
+
     def row(cells: list[str], tag: str) -> str:
         first, *rest = cells
         return (f"<tr><{tag} style='{_TD}text-align:left'>{html.escape(first)}</{tag}>"
-                + "".join(f"<{tag} style='{_TD}text-align:right'>{html.escape(c)}</{tag}>" for c in rest)
+                + "".join(f"<{tag} style='{_TD}text-align:right'>{cell(c)}</{tag}>" for c in rest)
                 + "</tr>")
 
     parts = ["<div class='allocconf-simulate' style='max-width:100%'>",
