@@ -143,7 +143,7 @@ class OomRecommendation:
         """What the card says under rules of thumb that disagree with the replay."""
         if not self.by_replay or all(agrees for _, agrees in self.rules):
             return None
-        return ("rules of thumb, read from torch's message alone; the replay of what the program "
+        return ("read from torch's message alone; the replay of what the program "
                 "really allocated (the verdict) decides, and recommends "
                 f"{self.conf or 'no setting change'}")
 

@@ -144,6 +144,7 @@ def test_the_card_states_one_recommendation_the_replays(view, demo):
     assert winner is not None and winner.conf == demo.meta["winner"]
     card = html.unescape(view.breakdown.value)
     assert "What to do" not in card
+    assert "Rules of thumb (read from torch's message alone;" in card  # the heading says it once
     assert ("the replay of what the program really allocated (the verdict) decides, and "
             f"recommends {winner.conf}") in card
     advised = [a.conf_change for a in view.report.advice if a.conf_change]
