@@ -282,7 +282,16 @@ class WhatIfView:
             notes.append("Your dry run could not be set beside this recording ("
                          + html.escape(self.estimate_failure) + "); the ranking above stands.")
         self.summary.value = "<br>".join([html.escape(h) for h in report.headline()] + notes)
-        self.charts.children = self._charts(_runs(report))
+        runs = _runs(report)
+        charts = self._charts(runs)
+        if len(report.rows) > len(runs):  # the header says "under 11 settings"; the charts hold 6
+            import ipywidgets as W
+
+            caption = W.HTML(f"<i>The charts draw {len(runs)} of the {len(report.rows)} settings: "
+                             "the best-ranked and this kernel's own. The rows below list them all.</i>")
+            caption.add_class("allocconf-whatif-chart-caption")
+            charts = [caption, *charts]
+        self.charts.children = charts
         self._rows = [self._row(row) for row in report.rows]
         self._mark_rows()  # before they are shown: no row ever appears with the wrong Apply state
         now = self._outcome_key()
