@@ -264,6 +264,7 @@ class ReplaySampler:
 
     def _as_sample(self, row: RecordedSample, fragmentation: float | None = None) -> Sample:
         rec = self.recording
+        last = row is rec.samples[-1]
         return Sample(
             t=self.played_x(row.t),
             wall=time.time(),
@@ -274,8 +275,10 @@ class ReplaySampler:
             active=row.active,
             requested=row.requested,
             inactive_split=row.inactive_split,
-            reserved_peak=rec.peak("reserved_bytes.all.peak"),
-            allocated_peak=rec.peak("allocated_bytes.all.peak"),
+            # torch's counters were read once, at the end of the run: only its last sample
+            # may carry them (mid-replay they would be a peak still to come)
+            reserved_peak=rec.peak("reserved_bytes.all.peak") if last else None,
+            allocated_peak=rec.peak("allocated_bytes.all.peak") if last else None,
             non_pytorch=rec.non_pytorch_bytes,
             non_pytorch_source="device" if rec.non_pytorch_bytes is not None else None,
             device_total=rec.device_total_bytes,

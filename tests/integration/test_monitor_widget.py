@@ -128,6 +128,11 @@ def test_demo_replay_renders_the_recording_and_says_it_is_one(comms):
     assert "Recording:" in view.header.value and "not this machine" in view.header.value
     assert "replay finished" in view.status.value
     assert f"{len(load_demo().samples)} samples" in view.status.value
+    # the run's own high-water marks, the numbers the report and the What if? tab say (the
+    # samples' maximum, 20 Hz, missed 1.5 GiB of peak allocated)
+    assert "allocated <b>" in view.status.value
+    assert "(peak 10.69 GiB, torch's counter)" in view.status.value
+    assert "(peak 5.23 GiB, torch's counter)" in view.status.value
     # what the browser saw changed over the replay (several distinct chart states)
     # (the idle start is skipped, so the replay is short: a few redraws at <= 2 Hz)
     values = {state["value"] for _t, name, state in _messages(comms, view.chart.widget) if name == "value"}
