@@ -73,7 +73,10 @@ def segment_panel_html(
     if not smap.rows:
         return f'<div class="allocconf-segmap" style="{style}">{head}no segments</div>'
     bars = segment_map_svg(smap, width, legend=False, label_share=True)
+    summed = any(row.startswith("+") for row in smap.rows)
     note = (f'<div style="opacity:0.75">{escape(smap.caption)}; bars share one byte scale '
-            "(a segment's length is its size)</div>")
+            "(a segment's length is its size)"
+            + ("; the summed row of smaller segments is drawn to its own scale" if summed else "")
+            + "</div>")
     return (f'<div class="allocconf-segmap" style="{style}">{head}{_figures(segments, moment)}'
             f"{_legend(smap.totals)}{bars}{note}</div>")
