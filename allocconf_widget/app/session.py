@@ -67,6 +67,11 @@ class ConfigView:
         """True when Apply would change something the user asked for."""
         return self.staged != self.applied
 
+    @property
+    def draft(self) -> str | None:
+        """The staged configuration while it is not applied (a ranking gives it a row)."""
+        return self.staged.to_string() if self.has_changes else None
+
 
 @dataclass(frozen=True)
 class SaveOutcome:

@@ -275,6 +275,9 @@ class SimulationRequest:
     kernel: AllocConf | None = None
     #: without a kernel, the torch a user would apply a row to (the CLI: the installed one)
     offer_release: TorchVersion | None = None
+    #: the kernel's staged, unapplied draft (``ConfigView.draft``): ranked as a row of its own,
+    #: marked "[staged draft]", so "what would my draft do?" is answered where the grid is
+    draft: str | None = None
     progress: Progress | None = field(default=None, compare=False)
 
     @property
@@ -293,6 +296,7 @@ class SimulationRow:
     is_current: bool = False  # the settings "now" (the kernel's, else the recording's)
     rank: int | None = None
     kind: str = "extra"  # current, recorded, defaults, expandable, max_split, roundup, gc, combo, extra
+    is_draft: bool = False  # the kernel's staged, unapplied draft (SimulationRequest.draft)
 
     @property
     def shown_conf(self) -> str:
@@ -312,6 +316,8 @@ class SimulationRow:
             doc["rank"] = self.rank
             doc["reason"] = self.reason
             doc["is_current"] = self.is_current
+            if self.is_draft:
+                doc["is_staged_draft"] = True
         return doc
 
 
@@ -485,6 +491,9 @@ def _ranked(head: SimulationReport, trace: Trace, request: SimulationRequest, re
     from allocconf_widget.core.sim.recommend import recommend
 
     extra = _checked_confs(request.confs, version, notes, fraction)
+    draft = _draft_conf(request.draft, version, notes, fraction)
+    if draft is not None and draft not in extra:
+        extra.append(draft)
     options: dict[str, Any] = {"device_total": device_total, "non_pytorch_bytes": non_pytorch,
                                "fraction": fraction, "extra_confs": extra, "workers": request.workers,
                                "progress": request.progress, "offer_release": request.release_offered}
@@ -504,8 +513,11 @@ def _ranked(head: SimulationReport, trace: Trace, request: SimulationRequest, re
         rec = recommend(trace, torch_version=version, current_settings=current,
                         current_conf=compared_with, recorded_settings=recorded,
                         self_check_settings=as_recorded, **options)
-    rows = tuple(SimulationRow(_row_label(c.conf, c.is_current, c.kind), c.conf, c.result, c.reason,
-                               c.is_current, rank, c.kind)
+    drafted = {c.conf: draft is not None and c.conf == draft for c in rec.candidates}
+    rows = tuple(SimulationRow(_row_label(c.conf, c.is_current, c.kind)
+                               + (" [staged draft]" if drafted[c.conf] else ""),
+                               c.conf, c.result, c.reason, c.is_current, rank, c.kind,
+                               is_draft=drafted[c.conf])
                  for rank, c in enumerate(rec.candidates, 1))
     notes.extend(n for n in rec.notes if not n.startswith("the replays start from")
                  and n != trace.initial_note and not n.startswith("the trace is partial"))
@@ -536,6 +548,19 @@ def _row_label(conf: str, is_current: bool, kind: str) -> str:
     if is_current:
         return label + " [current]"
     return label + " [recorded]" if kind == "recorded" else label
+
+
+def _draft_conf(draft: str | None, version: TorchVersion, notes: list[str],
+                fraction: float | None) -> str | None:
+    """The staged draft, where the replay can take it; else None and a note saying why (a
+    draft never stops the ranking: it may hold options this trace's torch rejects)."""
+    if not draft:
+        return None
+    try:
+        return _checked_confs((draft,), version, notes, fraction)[0]
+    except AllocConfError as exc:
+        notes.append(f"your staged draft {draft} is not ranked: {exc.reason}")
+        return None
 
 
 def _checked_confs(confs: tuple[str, ...], version: TorchVersion, notes: list[str],

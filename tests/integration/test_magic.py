@@ -372,3 +372,15 @@ def test_set_names_every_problem_at_once_and_a_failed_paste_replaces_nothing(ip,
     from allocconf_widget.app.session import get_session
 
     assert get_session(ip).staged().to_string() == "max_split_size_mb:256"
+
+
+def test_simulate_ranks_the_staged_draft_as_the_tab_does(ip, capsys):
+    from allocconf_widget.app.session import get_session
+    from allocconf_widget.core.config.conf import parse_conf
+
+    session = get_session(ip)
+    session.stage(parse_conf("roundup_power2_divisions:2", session.state().version, warn=False),
+                  eager=False)
+    capsys.readouterr()
+    ip.run_line_magic("allocconf", "simulate --demo")
+    assert "roundup_power2_divisions:2 [staged draft]" in capsys.readouterr().out

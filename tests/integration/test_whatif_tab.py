@@ -234,3 +234,34 @@ def test_the_settings_tabs_outcome_goes_once_the_draft_moves_on():
     assert not panel.apply_button.disabled  # and Apply offers it
     assert "max_split_size_mb:256</code> (after Apply)" in panel.status.value
     panel.close()
+
+
+def test_the_staged_draft_is_a_row_of_its_own_and_a_newer_one_asks_for_compare():
+    """The tab ranked only its grid: a draft staged in the Settings tab never appeared, so
+    "what would my draft do?" had no answer on the bundled recording."""
+    session = Session()
+    session.stage(parse_conf("roundup_power2_divisions:2", session.state().version, warn=False),
+                  eager=False)
+    view = WhatIfView(session)
+    try:
+        report = view.run()
+        assert report is not None
+        drafted = [r for r in report.rows if r.label.endswith("[staged draft]")]
+        assert [r.conf for r in drafted] == ["roundup_power2_divisions:2"]
+        assert "(your staged draft)" in _label(_row(view, "roundup_power2_divisions:2"))
+        assert "not among the rows" not in view.current.value
+        session.stage(parse_conf("roundup_power2_divisions:32", session.state().version, warn=False),
+                      eager=False)
+        assert ("Your staged draft <code>roundup_power2_divisions:32</code> is not among the rows yet"
+                in view.current.value)
+    finally:
+        view.close()
+
+
+def test_a_draft_the_trace_cannot_replay_is_a_note_not_a_failure():
+    from allocconf_widget.app.simulate import SimulationRequest, simulate, trace_source
+
+    report = simulate(trace_source(Session(), demo=True),
+                      SimulationRequest(rank=True, draft="max_split_size_mb:1", workers=1))
+    assert report.rows and any("your staged draft max_split_size_mb:1 is not ranked" in n
+                               for n in report.notes)

@@ -106,9 +106,10 @@ def run_simulate(args: argparse.Namespace, ctx: MagicContext) -> Any:
             known = read_sidecar(args.trace).facts
             fraction = known.fraction if known is not None else None
         with warnings_as_notes() as ours:  # said below as our notes, once
+            view = ctx.session.view()
             report = simulate(trace_source(ctx.session, args.trace, args.demo),
                               SimulationRequest(confs=tuple(args.conf), rank=True, fraction=fraction,
-                                                kernel=ctx.session.view().effective))
+                                                kernel=view.effective, draft=view.draft))
     except SnapshotError as exc:
         raise RuntimeStateError(str(exc)) from None
     from allocconf_widget.adapters.frontend import detect_frontend

@@ -197,6 +197,7 @@ class WhatIfView:
         self.estimate: EstimateCheck | None = None  # the session's dry run beside these rows
         self.estimate_failure: str | None = None  # why it could not be set beside them
         self.compared_with: str | None = None
+        self.compared_draft: str | None = None  # the staged draft the rows ranked (None: none)
         self.rerank: threading.Thread | None = None  # a re-ranking after an Apply, if one runs
         self._rows: list[_Row] = []
         # row conf → the outcome shown under it, and the settings the kernel ran and the trace
@@ -239,7 +240,11 @@ class WhatIfView:
             line += (f"; the rows below were compared with <code>"
                      f"{html.escape(self.compared_with or '(torch defaults)')}</code>: "
                      "ranking them again…")
-        self.current.value = line + "."
+        line += "."
+        if self.report is not None and view.draft is not None and view.draft != self.compared_draft:
+            line += (f" Your staged draft <code>{html.escape(view.draft)}</code> is not among the "
+                     "rows yet: press Compare to rank it.")
+        self.current.value = line
 
     # -- Compare ---------------------------------------------------------------------
     def run(self) -> SimulationReport | None:
@@ -251,13 +256,14 @@ class WhatIfView:
             self.progress.description = "reading"
             try:
                 source, trace = self.session.trace_cache.get(self.session)
-                kernel = self.session.view().effective
-                report = simulate(source, SimulationRequest(rank=True, kernel=kernel,
+                view = self.session.view()
+                kernel = view.effective
+                report = simulate(source, SimulationRequest(rank=True, kernel=kernel, draft=view.draft,
                                                             progress=self._progress), trace)
                 beside = _estimate_beside(self.session, report)
                 self.estimate, self.estimate_failure = beside.check, beside.failure
                 self.report = report
-                self.compared_with = kernel.to_string()
+                self.compared_with, self.compared_draft = kernel.to_string(), view.draft
                 self._render(report)
             except Exception as exc:  # shown in the tab; never breaks the panel
                 self.summary.value = _ERROR.format(html.escape(str(exc)))
@@ -308,7 +314,8 @@ class WhatIfView:
 
         apply = W.Button(description="Apply", layout=W.Layout(width="80px"))
         apply.add_class("allocconf-whatif-apply")
-        tag = " <b>(this kernel)</b>" if sim_row.is_current else ""
+        tag = (" <b>(this kernel)</b>" if sim_row.is_current
+               else " <b>(your staged draft)</b>" if sim_row.is_draft else "")
         beside = estimate_beside(self.estimate, sim_row.conf) if self.estimate is not None else None
         estimate = (f' <span class="allocconf-whatif-estimate">· {html.escape(beside)}</span>'
                     if beside else "")
