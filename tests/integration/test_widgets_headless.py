@@ -65,7 +65,9 @@ def test_panel_roundup_editor_both_forms():
     form, _uniform, bands = row.editor.children
     row.enabled.value = True
     assert "roundup_power2_divisions:4" in panel.status.value
-    form.value = "per band"
+    form.value = "per band"  # nothing typed yet: it starts from the one value, with no error
+    assert bands.value == "[256:4,>:4]" and "✖" not in panel.status.value
+    assert "roundup_power2_divisions:[256:4,&gt;:4]" in panel.status.value
     bands.value = "[256:1,512:2,>:8]"
     assert "roundup_power2_divisions:[256:1,512:2,&gt;:8]" in panel.status.value
     bands.value = "[512:1,256:2]"

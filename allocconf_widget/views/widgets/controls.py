@@ -296,6 +296,15 @@ def _roundup_editor(_spec: opt.OptionSpec, version: TorchVersion | None = None) 
     if len(forms) == 1:
         bands.layout.display = "none"
 
+    def start_bands(change: dict[str, object]) -> None:
+        # switched to "per band" with nothing typed: the empty value showed "no value given …"
+        # before the user could type; start from the one value as bands (the same rounding)
+        if change["new"] == "per band" and not str(bands.value).strip():
+            one = str(uniform.value)
+            bands.value = f"[256:{one},>:{one}]" if one != "off" else "[256:1,512:2,>:8]"
+
+    form.observe(start_bands, names="value")  # before the row's own observer: no error flashes
+
     def read() -> str:
         return str(uniform.value) if form.value == "one value" else str(bands.value).strip()
 
