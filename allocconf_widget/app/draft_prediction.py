@@ -31,7 +31,8 @@ LIMIT_EVENTS = 200_000
 
 #: what the panel and ``%allocconf set`` say while there is nothing to predict from
 NOTHING_YET = ("Record a step (%%allocconf record) or dry-run it before CUDA starts "
-               "(%%allocconf dryrun) to see what each draft would do to its memory.")
+               "(%%allocconf dryrun) to see what each draft would do to its memory; until then "
+               "the What if? tab ranks your draft on the bundled recording of another run.")
 
 
 @dataclass(frozen=True)

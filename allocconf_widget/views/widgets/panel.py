@@ -280,7 +280,8 @@ def show_panel(session: Session) -> Panel | None:
 def prediction_html(prediction: DraftPrediction | None) -> str:
     """The draft's prediction: its verdict first (green fits, red out of memory), then the rest."""
     if prediction is None:
-        return f"<span style='color:#666'>ⓘ {html.escape(NOTHING_YET)}</span>"
+        # a word, not "ⓘ": fonts without the glyph showed an empty box
+        return f"<span style='color:#666'><b>Prediction:</b> {html.escape(NOTHING_YET)}</span>"
     first, *rest = prediction.lines()
     colour = {True: "#1b5e20", False: "#b00020", None: "#8a6d00"}[prediction.fits]
     parts = [f"<b style='color:{colour}'>{html.escape(first)}</b>"]
