@@ -94,9 +94,21 @@ class DryRunResult:
         """How every view names this trace: an estimate, and for which GPU."""
         return f"a {LABEL} of your step on {self.gpu.name}"
 
+    def require_allocations(self) -> None:
+        """Raise :class:`DryRunError` when the step made no tensor on the GPU: there is nothing
+        to predict from (the replay then advised ``_record_memory_history``, wrongly)."""
+        if not self.trace.allocations:
+            from allocconf_widget.adapters.dryrun import DryRunError
+
+            raise DryRunError("the dry run saw no allocation on the GPU: the step made every "
+                              "tensor on the CPU. Move the model and the batch to 'cuda' in the "
+                              "cell (model.to('cuda'), batch.to('cuda')), as the real step would")
+
     def source(self) -> TraceSource:
         """What the what-if replays: labelled an estimate, on this GPU's usable memory."""
         from allocconf_widget.app.simulate import TraceSource, recorded_release
+
+        self.require_allocations()
 
         return TraceSource(self.snapshot(), self.label,
                            recorded_release(self.trace.torch_version), self.gpu.total_bytes,
@@ -179,13 +191,6 @@ class DryRunContext:
         finally:
             if self._run.trace is not None:
                 self.result = DryRunResult(self._run.trace, self.gpu, self._notes)
-        if kind is None and self.result is not None and not self.result.trace.allocations:
-            self.result = None  # nothing to predict from: kept nowhere, replacing nothing
-            from allocconf_widget.adapters.dryrun import DryRunError
-
-            raise DryRunError("the dry run saw no allocation on the GPU: the step made every "
-                              "tensor on the CPU. Move the model and the batch to 'cuda' in the "
-                              "cell (model.to('cuda'), batch.to('cuda')), as the real step would")
 
     def _done(self) -> DryRunResult:
         if self.result is None:

@@ -74,6 +74,7 @@ def run_dryrun(args: argparse.Namespace, ctx: MagicContext) -> Any:
     if ctx.cell is None:
         raise RuntimeStateError("dryrun is a cell magic: start the cell with %%allocconf dryrun")
     result = _run_cell(ctx, ctx.cell, args.gpu, not args.raw)
+    result.require_allocations()  # before the session keeps it: an empty one replaces nothing
     from allocconf_widget.app.dryrun import DryRunCell
 
     ctx.session.set_dry_run(result, DryRunCell(ctx.cell, args.gpu))
