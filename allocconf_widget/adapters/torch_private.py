@@ -289,13 +289,18 @@ def register_step_hook(torch: ModuleType, hook: Any) -> Any:
     (< 2.0). ``torch.optim.optimizer`` is loaded by ``import torch``; we look it
     up in ``sys.modules`` rather than importing anything.
     """
-    module = sys.modules.get("torch.optim.optimizer") or getattr(
-        getattr(torch, "optim", None), "optimizer", None
-    )
-    register = getattr(module, "register_optimizer_step_post_hook", None)
+    register = getattr(_optimizer_module(torch), "register_optimizer_step_post_hook", None)
     if register is None:
         return None
     return register(hook)
+
+
+def _optimizer_module(torch: ModuleType) -> Any:
+    """``torch.optim.optimizer``, the module. ``torch/optim/__init__.py`` deletes that name
+    from the package (``del optimizer``), so ``torch.optim.optimizer`` is not it: two patches
+    that looked it up that way silently did nothing."""
+    return sys.modules.get("torch.optim.optimizer") or getattr(
+        getattr(torch, "optim", None), "optimizer", None)
 
 
 _oom_listeners: list[Any] = []
@@ -585,8 +590,7 @@ class FakeForeachDefault:
         from torch._subclasses.fake_tensor import FakeTensor
 
         self._fake = FakeTensor
-        self._types: Any = getattr(getattr(torch.optim, "optimizer", None), "_foreach_supported_types",
-                                   None)
+        self._types: Any = getattr(_optimizer_module(torch), "_foreach_supported_types", None)
         self._added = False
 
     def __enter__(self) -> FakeForeachDefault:
@@ -616,8 +620,13 @@ class UserObjectsRestored:
       applied to, and restored;
     * the same, on releases or tensor types where it swaps a parameter's contents in place
       (``torch.utils.swap_tensors``): each swap of a real tensor is swapped back;
-    * an optimizer's step fills ``state`` and a scheduler changes ``param_groups``: both are
-      saved before each optimizer's first step (torch's global step pre-hook), and restored.
+    * an optimizer's step fills ``state`` and a scheduler changes ``param_groups`` (and sets
+      attributes on the optimizer): both, and the optimizer's attribute names, are saved
+      before its first step (torch's global step pre-hook) or its scheduler's making, and
+      restored.
+
+    An optimizer made before ``.to("cuda")`` is pointed at the moved parameters when it
+    steps, as on a GPU (:func:`_follow_moves`).
 
     What the cell assigns to the user's objects by hand (``trainer.model = …``) is its own
     doing and stays (docs/dryrun.md says so).
@@ -626,10 +635,12 @@ class UserObjectsRestored:
     def __init__(self, torch: ModuleType) -> None:
         self._torch = torch
         self._modules: dict[int, tuple[Any, dict[str, Any], dict[str, Any]]] = {}
-        self._optimizers: dict[int, tuple[Any, dict[Any, Any], list[dict[str, Any]]]] = {}
+        self._optimizers: dict[int, tuple[Any, dict[Any, Any], list[dict[str, Any]], set[str]]] = {}
         self._swaps: list[tuple[Any, Any]] = []
         self._saved_apply: Any = None
         self._saved_swap: Any = None
+        self._saved_scheduler_init: Any = None
+        self._moved: dict[int, tuple[Any, Any]] = {}  # id(old parameter) -> (old, its replacement)
         self._hook: Any = None
 
     def __enter__(self) -> UserObjectsRestored:
@@ -639,29 +650,50 @@ class UserObjectsRestored:
         original_apply = self._saved_apply = module_cls._apply
         original_swap = self._saved_swap = getattr(utils, "swap_tensors", None)
 
+        moved = self._moved
+
         def _apply(module: Any, *args: Any, **kwargs: Any) -> Any:
             if id(module) not in modules:
                 modules[id(module)] = (module, dict(module._parameters), dict(module._buffers))
-            return original_apply(module, *args, **kwargs)
+            before = dict(module._parameters)
+            result = original_apply(module, *args, **kwargs)
+            for key, old in before.items():
+                new = module._parameters.get(key)
+                if old is not None and new is not None and new is not old:
+                    moved[id(old)] = (old, new)  # (old kept alive: its id stays its own)
+            return result
 
         module_cls._apply = _apply
         if original_swap is not None:
             def swap_tensors(t1: Any, t2: Any) -> Any:
                 real = not is_fake_tensor(t1)
-                result = original_swap(t1, t2)
-                if real:
+                if real:  # the fake mode holds weak references to real tensors it converted
+                    result = _swap_ignoring_weakrefs(torch, t1, t2, original_swap)
                     swaps.append((t1, t2))
-                return result
+                    return result
+                return original_swap(t1, t2)
 
             utils.swap_tensors = swap_tensors
-        register = getattr(getattr(torch.optim, "optimizer", None), "register_optimizer_step_pre_hook", None)
-        if register is not None:
-            def before_step(optimizer: Any, *_args: Any) -> None:
-                if id(optimizer) not in optimizers:
-                    optimizers[id(optimizer)] = (optimizer, {p: dict(s) for p, s in optimizer.state.items()},
-                                                 [dict(g) for g in optimizer.param_groups])
+        def note_optimizer(optimizer: Any, *_args: Any) -> None:
+            if id(optimizer) not in optimizers:
+                optimizers[id(optimizer)] = (optimizer, {p: dict(s) for p, s in optimizer.state.items()},
+                                             [dict(g) for g in optimizer.param_groups],
+                                             set(vars(optimizer)))
+            _follow_moves(optimizer, moved)
 
-            self._hook = register(before_step)
+        register = getattr(_optimizer_module(torch), "register_optimizer_step_pre_hook", None)
+        if register is not None:
+            self._hook = register(note_optimizer)
+        # an LR scheduler changes its optimizer's groups (lr, initial_lr) and wraps its step as
+        # it is made, before any step: note the optimizer first
+        scheduler = getattr(getattr(torch.optim, "lr_scheduler", None), "LRScheduler", None)
+        original_init = self._saved_scheduler_init = getattr(scheduler, "__init__", None)
+        if scheduler is not None and original_init is not None:
+            def scheduler_init(sched: Any, optimizer: Any, *args: Any, **kwargs: Any) -> None:
+                note_optimizer(optimizer)
+                original_init(sched, optimizer, *args, **kwargs)
+
+            scheduler.__init__ = scheduler_init
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -671,6 +703,9 @@ class UserObjectsRestored:
             torch.utils.swap_tensors = self._saved_swap
         if self._hook is not None:
             self._hook.remove()
+        scheduler = getattr(getattr(torch.optim, "lr_scheduler", None), "LRScheduler", None)
+        if scheduler is not None and self._saved_scheduler_init is not None:
+            scheduler.__init__ = self._saved_scheduler_init
         for t1, t2 in reversed(self._swaps):
             _swap_back(torch, t1, t2)
         for module, params, buffers in self._modules.values():
@@ -678,29 +713,61 @@ class UserObjectsRestored:
             module._parameters.update(params)
             module._buffers.clear()
             module._buffers.update(buffers)
-        for optimizer, state, groups in self._optimizers.values():
+        for optimizer, state, groups, names in self._optimizers.values():
             optimizer.state.clear()
             optimizer.state.update({p: dict(s) for p, s in state.items()})
             for group, saved in zip(optimizer.param_groups, groups, strict=False):
                 group.clear()
                 group.update(saved)
+            for name in set(vars(optimizer)) - names:  # e.g. the step wrapper a scheduler set
+                delattr(optimizer, name)
         self._swaps.clear()
         self._modules.clear()
         self._optimizers.clear()
+        self._moved.clear()
+
+
+def _follow_moves(optimizer: Any, moved: dict[int, Any]) -> None:
+    """Point ``optimizer`` at the parameters ``Module._apply`` replaced its own with.
+
+    On a GPU, ``.to("cuda")`` keeps each Parameter object (it replaces ``.data``), so an
+    optimizer made before it steps the moved parameters. On fakes ``_apply`` makes new
+    Parameter objects (a real and a fake tensor cannot share a ``.data``), and such an
+    optimizer stepped stale CPU parameters: its state was missing from the estimate. Its
+    groups and state are restored afterwards (:class:`UserObjectsRestored`)."""
+    if not moved:
+        return
+
+    def latest(param: Any) -> Any:
+        seen = 0
+        while id(param) in moved and seen < 64:  # .to("cuda").half(): a chain of moves
+            param = moved[id(param)][1]
+            seen += 1
+        return param
+
+    for group in optimizer.param_groups:
+        group["params"] = [latest(p) for p in group["params"]]
+    for old in [p for p in optimizer.state if id(p) in moved]:
+        optimizer.state[latest(old)] = optimizer.state.pop(old)
 
 
 def _swap_back(torch: ModuleType, t1: Any, t2: Any) -> None:
-    """Undo ``swap_tensors(t1, t2)``. The fake mode holds weak references to both (its
-    describer map, discarded with the mode), which ``swap_tensors`` refuses; for this one
-    swap its weakref check is told there are none."""
+    """Undo ``swap_tensors(t1, t2)``."""
+    _swap_ignoring_weakrefs(torch, t1, t2, torch.utils.swap_tensors)
+
+
+def _swap_ignoring_weakrefs(torch: ModuleType, t1: Any, t2: Any, swap: Any) -> Any:
+    """``swap(t1, t2)`` with its weakref check told these two have none. The fake mode holds
+    weak references to the real tensors it converted (its memo, discarded with the mode),
+    which ``swap_tensors`` refuses: a weight-normed layer's ``weight_g`` could not move."""
     import weakref
 
     utils: Any = torch.utils
     saved = getattr(utils, "weakref", None)
     if saved is not None:
-        utils.weakref = _NoWeakrefsOf(weakref, {id(t1), id(t2)})
+        utils.weakref = _NoWeakrefsOf(saved if saved is not weakref else weakref, {id(t1), id(t2)})
     try:
-        utils.swap_tensors(t1, t2)
+        return swap(t1, t2)
     finally:
         if saved is not None:
             utils.weakref = saved

@@ -314,14 +314,18 @@ class BatchPlan:
         return best
 
 
-def plan_batch(step: Callable[[int], Any], sizes: Iterable[int], *,
+def plan_batch(step: Callable[[Any], Any], sizes: Iterable[int], *,
                confs: Sequence[str] = ("", "expandable_segments:True"),
-               gpus: Sequence[str | GpuProfile] = ("t4",)) -> BatchPlan:
+               gpus: Sequence[str | GpuProfile] = ("t4",),
+               prepare: Callable[[int], Any] | None = None) -> BatchPlan:
     """Dry-run ``step(size)`` for each size and replay each under every setting and GPU.
 
     ``step`` builds what it needs on "cuda" (model, optimizer, batch) and runs one step;
     it runs on fake tensors, so CUDA never starts. Sizes are tried in increasing order;
-    once a size fails everywhere, larger ones are not tried.
+    once a size fails everywhere, larger ones are not tried. ``prepare(size)``, when given,
+    runs first, outside the dry run, and ``step`` gets what it returns instead of the size:
+    a copy of real tensors cannot be made on fake ones (the magic's namespace copy, made
+    inside, fell back to the user's own model, which the cell then changed).
     """
     order = tuple(sorted({int(s) for s in sizes}))
     if not order or order[0] <= 0:
@@ -330,10 +334,11 @@ def plan_batch(step: Callable[[int], Any], sizes: Iterable[int], *,
     cells: list[PlanCell] = []
     notes: list[str] = []
     for size in order:
+        given = prepare(size) if prepare is not None else size
         ctx = DryRunContext(profiles[0])
         try:
             with ctx:
-                step(size)
+                step(given)
         except RuntimeStateError as exc:
             cells.extend(PlanCell(size, c, p.name, None, str(exc)) for c in confs for p in profiles)
             continue

@@ -396,6 +396,10 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
     if fraction is not None and not 0.0 <= fraction <= 1.0:
         raise AllocConfError(f"a memory fraction must be between 0 and 1, not {fraction}",
                              fix="pass e.g. 0.5 for half of the device")
+    if source.device_total is None and source.non_pytorch_bytes:
+        notes.append(f"the memory outside PyTorch ({format_bytes(source.non_pytorch_bytes)}) is not "
+                     "used: it is a share of the device's memory, which is not known (give the "
+                     "device's total, --device-total)")
     if device_total is None and fraction is None:
         usable = trace.inferred_usable_bytes()
         if usable is not None:
@@ -513,11 +517,11 @@ def _ranked(head: SimulationReport, trace: Trace, request: SimulationRequest, re
         rec = recommend(trace, torch_version=version, current_settings=current,
                         current_conf=compared_with, recorded_settings=recorded,
                         self_check_settings=as_recorded, **options)
-    drafted = {c.conf: draft is not None and c.conf == draft for c in rec.candidates}
+    marked = _draft_row(rec.candidates, draft, version, fraction, notes)
     rows = tuple(SimulationRow(_row_label(c.conf, c.is_current, c.kind)
-                               + (" [staged draft]" if drafted[c.conf] else ""),
+                               + (" [staged draft]" if c is marked else ""),
                                c.conf, c.result, c.reason, c.is_current, rank, c.kind,
-                               is_draft=drafted[c.conf])
+                               is_draft=c is marked)
                  for rank, c in enumerate(rec.candidates, 1))
     notes.extend(n for n in rec.notes if not n.startswith("the replays start from")
                  and n != trace.initial_note and not n.startswith("the trace is partial"))
@@ -550,11 +554,35 @@ def _row_label(conf: str, is_current: bool, kind: str) -> str:
     return label + " [recorded]" if kind == "recorded" else label
 
 
+def _draft_row(candidates: Any, draft: str | None, version: TorchVersion, fraction: float | None,
+               notes: list[str]) -> Any:
+    """The ranked candidate that is the staged draft: by what it replays, not its string (a
+    draft of ``expandable_segments:False`` is the defaults' row), or None and a note when the
+    draft replays the same as the current settings, whose row it shares."""
+    if draft is None:
+        return None
+    import warnings
+
+    from allocconf_widget.core.sim.settings import SimSettings
+
+    with warnings.catch_warnings():  # its traps were said once, as notes (_checked_confs)
+        warnings.simplefilter("ignore")
+        wanted = dataclasses.replace(SimSettings.from_string(draft, version),
+                                     per_process_memory_fraction=fraction)
+    same = [c for c in candidates if c.settings == wanted]
+    chosen = next((c for c in same if c.conf == draft), None) or next(
+        (c for c in same if not c.is_current), None)
+    if chosen is None and same:
+        notes.append(f"your staged draft {draft or '(torch defaults)'} replays as the settings this "
+                     "kernel runs: its row is the current one")
+    return chosen
+
+
 def _draft_conf(draft: str | None, version: TorchVersion, notes: list[str],
                 fraction: float | None) -> str | None:
     """The staged draft, where the replay can take it; else None and a note saying why (a
     draft never stops the ranking: it may hold options this trace's torch rejects)."""
-    if not draft:
+    if draft is None:
         return None
     try:
         return _checked_confs((draft,), version, notes, fraction)[0]

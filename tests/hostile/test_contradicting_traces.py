@@ -125,3 +125,23 @@ def test_the_magic_replays_them_without_a_traceback(tmp_path: Path) -> None:
         path = _snapshot_file(tmp_path / case, entries, **extra)
         result = ip.run_cell(f"%allocconf simulate {path}")
         assert result.error_in_exec is None, (case, result.error_in_exec)
+
+
+def test_a_free_after_a_failed_reallocation_leaves_the_pending_block_alone(tmp_path: Path) -> None:
+    """An address allocated again while its free was pending, the new allocation failing in the
+    replay (continue-after-oom): the later free was of that failed allocation, and it freed the
+    pending block a second time (final allocated −3 MiB)."""
+    s0, s1 = A, A + 20 * MiB
+    entries = _timed([_e("segment_alloc", s0, 20 * MiB), _e("alloc", s0, 3 * MiB), _e("free_requested", s0),
+                      _e("segment_alloc", s1, 20 * MiB), _e("alloc", s1 + 512, 3 * MiB),
+                      _e("free_requested", s1 + 512), _e("alloc", s1 + 512, 512),
+                      _e("free_completed", s1 + 512)])
+    entries[6]["stream"] = 1
+    path = _snapshot_file(tmp_path, entries)
+    proc = subprocess.run([sys.executable, "-m", "allocconf_widget", "simulate", str(path), "--json",
+                           "--workers", "1", "--device-total", "40MiB", "--continue-after-oom"],
+                          capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(proc.stdout)
+    assert row["final_allocated_bytes"] >= 0

@@ -232,3 +232,9 @@ def test_a_fraction_the_run_fits_under_is_the_self_checks_too(trace_file: Path) 
     assert result.returncode == 0, result.stderr
     assert "ran without that limit" not in result.stderr
     assert "peak reserved matches" in result.stdout
+
+
+def test_a_non_pytorch_size_without_a_device_total_is_said_to_be_unused(trace_file: Path) -> None:
+    result = _simulate_cli(trace_file, "--torch-version", "2.11", "--non-pytorch", "500MiB")
+    assert result.returncode == 0, result.stderr
+    assert "the memory outside PyTorch (500.00 MiB) is not used" in result.stderr

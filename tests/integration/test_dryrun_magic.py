@@ -306,3 +306,57 @@ def test_the_dry_run_predicts_the_settings_the_kernel_applies(ip, capsys):
     out = capsys.readouterr().out
     assert "Predicted with the settings this kernel applies: max_split_size_mb:128: peak reserved" in out
     assert "dry run (dry run" not in out
+
+
+def test_plan_runs_on_copies_as_the_dry_run_does(ip, capsys):
+    """``plan`` made its copy of the notebook inside the dry run, where a tensor cannot be
+    copied; it then ran the cell on the user's own model, which kept what the cell added
+    (a fake layer: the next real forward pass aborted the process)."""
+    cell = ('model.to("cuda")\nmodel.append(torch.nn.Linear(256, 256).to("cuda"))\n'
+            'with torch.no_grad():\n    out = model(torch.randn(BATCH, 256, device="cuda"))\n')
+    ip.user_ns["model"].register_buffer("scale", torch.ones(4))
+    ip.run_cell_magic("allocconf", "-r dryrun --gpu t4", cell)
+    ip.run_line_magic("allocconf", "plan BATCH 8 16")
+    out = capsys.readouterr().out
+    assert "dry run failed" not in out
+    model = ip.user_ns["model"]
+    assert len(model) == 3 and type(model[0].weight) is torch.nn.Parameter
+    assert model(torch.randn(2, 256)).shape == (2, 256)  # a real forward pass still runs
+
+
+def test_an_optimizer_made_earlier_steps_the_moved_model_and_is_restored(ip, capsys):
+    """Its restore never ran (``torch.optim.optimizer`` is not the module: torch deletes that
+    name), so a momentum buffer stayed fake; it also held the stale CPU parameters, so its
+    state was missing from the estimate; a scheduler made in the cell changed its lr."""
+    ip.run_cell("""
+class Trainer:
+    def __init__(self):
+        self.model = torch.nn.Linear(64, 64)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.5, momentum=0.9)
+trainer = Trainer()
+""")
+    step = """
+with torch.no_grad():
+    {prefix}trainer.model.to("cuda")
+    {make}
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 0.01)
+    for p in trainer.model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+"""
+    try:
+        earlier = ip.run_cell_magic("allocconf", "-r dryrun --gpu t4",
+                                    step.format(prefix="", make="opt = trainer.opt"))
+        inside = ip.run_cell_magic("allocconf", "-r dryrun --gpu t4", step.format(
+            prefix="", make="opt = torch.optim.SGD(trainer.model.parameters(), lr=0.5, momentum=0.9)"))
+        capsys.readouterr()
+        assert earlier.trace.peak_requested == inside.trace.peak_requested  # the momentum buffers
+        opt = ip.user_ns["trainer"].opt
+        assert not opt.state and opt.param_groups[0]["lr"] == 0.5
+        assert "initial_lr" not in opt.param_groups[0]
+        assert opt.param_groups[0]["params"][0] is ip.user_ns["trainer"].model.weight
+        ip.run_cell("trainer.model.weight.grad = torch.ones(64, 64)\ntrainer.opt.step()")  # real
+        assert type(next(iter(opt.state.values()))["momentum_buffer"]) is torch.Tensor
+    finally:
+        for name in ("Trainer", "trainer", "opt", "sched", "p"):
+            ip.user_ns.pop(name, None)

@@ -358,6 +358,8 @@ def test_help_is_a_word_too(ip, capsys):
     assert "SUBCOMMAND" in capsys.readouterr().out
     ip.run_line_magic("allocconf", "help simulate")
     assert "--conf" in capsys.readouterr().out
+    ip.run_line_magic("allocconf", "help help")
+    assert "SUBCOMMAND" in capsys.readouterr().out
 
 
 def test_set_names_every_problem_at_once_and_a_failed_paste_replaces_nothing(ip, capsys):

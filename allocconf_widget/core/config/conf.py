@@ -128,6 +128,7 @@ class AllocConf:
         """
         merged = dict(self.entries)
         problems: list[AllocConfError] = []  # every one, not the first: one retry fixes them all
+        passed: dict[str, Any] = {}
         for name, value in changes.items():
             try:
                 canonical = check_option_name(name, self.torch_version)
@@ -140,24 +141,30 @@ class AllocConf:
                 problems.append(exc)
                 continue
             merged[canonical] = value
-        if problems:  # the options that passed may still fail together (a value's range)
+            passed[canonical] = value
+        first: AllocConfError | None = None
+        if not problems:
             try:
-                _reparse(merged, self.torch_version)
+                return _reparse(merged, self.torch_version)
+            except AllocConfError as exc:
+                # the position is in the rebuilt string, which the user never saw: drop it
+                first = (exc if exc.option not in changes or exc.position is None
+                         else AllocConfError(exc.reason, option=exc.option, fix=exc.fix))
+        # each value that passed on its own, parsed alone beside the options that stay: a
+        # range or a flag is checked only there (three bad values took three retries)
+        kept = {k: v for k, v in self.entries if k not in passed}
+        for canonical, value in passed.items():
+            try:
+                _reparse({**kept, canonical: value}, self.torch_version)
             except AllocConfError as exc:
                 problems.append(AllocConfError(exc.reason, option=exc.option, fix=exc.fix))
+        if first is not None and len(problems) <= 1:
+            raise first  # one problem (or options that fail only together): torch's own words
         if len(problems) == 1:
             raise problems[0]
-        if problems:
-            raise AllocConfError(f"{len(problems)} problems: "
-                                 + "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)),
-                                 option=problems[0].option)
-        try:
-            return _reparse(merged, self.torch_version)
-        except AllocConfError as exc:
-            if exc.option not in changes or exc.position is None:
-                raise
-            # the position is in the rebuilt string, which the user never saw: drop it
-            raise AllocConfError(exc.reason, option=exc.option, fix=exc.fix) from None
+        raise AllocConfError(f"{len(problems)} problems: "
+                             + "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)),
+                             option=problems[0].option)
 
     def without(self, *names: str) -> AllocConf:
         """A copy with the given options unset (back to torch's defaults)."""

@@ -421,7 +421,9 @@ class Engine:
                     amax = active
             elif op == 1:  # ------------------------------------- free (+completed)
                 blk = live[aid]
-                if blk is None:
+                # pending: the free is of a later allocation at this address that failed in the
+                # replay (continue-after-oom); the pending block is its request's to complete
+                if blk is None or blk.pending:
                     continue
                 live[aid] = None
                 bs = blk.size

@@ -105,11 +105,14 @@ def run_plan(args: argparse.Namespace, ctx: MagicContext) -> Any:
                                 "plan re-runs it with each batch size")
     cell = saved.code
 
-    def step(size: int) -> None:
-        from allocconf_widget.adapters.dryrun import DryRunError
-
+    def prepare(size: int) -> dict[str, Any]:  # outside the dry run: real copies (plan_batch)
         ns = _namespace_copy(ctx.shell)
         ns[args.var] = size
+        return ns
+
+    def step(ns: dict[str, Any]) -> None:
+        from allocconf_widget.adapters.dryrun import DryRunError
+
         code = _compiled(ctx.shell, cell)
         try:
             exec(code, ns)
@@ -121,7 +124,7 @@ def run_plan(args: argparse.Namespace, ctx: MagicContext) -> Any:
             raise DryRunError(f"the cell raised {type(exc).__name__}: {printable(first, 200)}") from None
 
     plan = plan_batch(step, args.sizes, confs=tuple(args.conf or ("", "expandable_segments:True")),
-                      gpus=tuple(args.gpu or ("t4",)))
+                      gpus=tuple(args.gpu or ("t4",)), prepare=prepare)
     print(render_plan(plan), end="")
     if args.chart:
         from IPython.display import display

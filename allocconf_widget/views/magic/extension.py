@@ -70,7 +70,7 @@ def _magics_class() -> Any:
             parser = build_parser()
             words = split_args(line)
             if words[:1] == ["help"]:  # `%allocconf help [SUBCOMMAND]`, as people type it
-                words = [*words[1:2], "-h"]
+                words = [*(w for w in words[1:2] if w != "help"), "-h"]
             try:
                 args = parser.parse_args(words)
             except SystemExit:  # -h/--help printed the help already
