@@ -674,6 +674,7 @@ class UserObjectsRestored:
                 return original_swap(t1, t2)
 
             utils.swap_tensors = swap_tensors
+
         def note_optimizer(optimizer: Any, *_args: Any) -> None:
             if id(optimizer) not in optimizers:
                 optimizers[id(optimizer)] = (optimizer, {p: dict(s) for p, s in optimizer.state.items()},
@@ -757,15 +758,13 @@ def _swap_back(torch: ModuleType, t1: Any, t2: Any) -> None:
 
 
 def _swap_ignoring_weakrefs(torch: ModuleType, t1: Any, t2: Any, swap: Any) -> Any:
-    """``swap(t1, t2)`` with its weakref check told these two have none. The fake mode holds
+    """``swap(t1, t2)`` with its weakref check told these two have none: the fake mode holds
     weak references to the real tensors it converted (its memo, discarded with the mode),
-    which ``swap_tensors`` refuses: a weight-normed layer's ``weight_g`` could not move."""
-    import weakref
-
+    and ``swap_tensors`` refuses a tensor with any."""
     utils: Any = torch.utils
     saved = getattr(utils, "weakref", None)
     if saved is not None:
-        utils.weakref = _NoWeakrefsOf(saved if saved is not weakref else weakref, {id(t1), id(t2)})
+        utils.weakref = _NoWeakrefsOf(saved, {id(t1), id(t2)})
     try:
         return swap(t1, t2)
     finally:
@@ -774,7 +773,7 @@ def _swap_ignoring_weakrefs(torch: ModuleType, t1: Any, t2: Any, swap: Any) -> A
 
 
 class _NoWeakrefsOf:
-    def __init__(self, module: ModuleType, ids: set[int]) -> None:
+    def __init__(self, module: Any, ids: set[int]) -> None:
         self._module = module
         self._ids = ids
 
