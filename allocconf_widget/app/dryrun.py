@@ -109,7 +109,6 @@ class DryRunResult:
         from allocconf_widget.app.simulate import TraceSource, recorded_release
 
         self.require_allocations()
-
         return TraceSource(self.snapshot(), self.label,
                            recorded_release(self.trace.torch_version), self.gpu.total_bytes,
                            self.gpu.context_bytes, notes=(*GAPS, *self.all_notes()))

@@ -217,7 +217,7 @@ def recommend(
     # expandable segments and "small requests cannot fragment the big blocks" beside split64
     plain = dataclasses.replace(_settings_for("", version), per_process_memory_fraction=fraction)
     defaults = next((r for (_, _, s), r in zip(entries, results, strict=True)
-                     if dataclasses.replace(s, label=plain.label) == plain), base)
+                     if s == plain), base)  # (labels take no part in equality)
     candidates = [  # each result carries the self-check, so its OOM verdict can say how sure it is
         Candidate(conf, kind, s, r.with_fidelity(fidelity), _reason(kind, s, r, base, defaults),
                   kind == "current")

@@ -138,7 +138,7 @@ def run_set(args: argparse.Namespace, ctx: MagicContext) -> Any:
     items = list(args.settings)
     pasted, value = strip_variable_prefix(" ".join(items))
     replace = args.replace
-    before = session.staged().to_string()
+    before = session.staged().to_string() if pasted is not None else ""
     if pasted is not None:  # a pasted `PYTORCH_CUDA_ALLOC_CONF=a:1`: the name is not an option
         # a whole variable is a whole configuration: it replaces what was staged (merged, an
         # earlier max_split_size_mb:256 stayed and then drew a warning about the mix)
