@@ -136,7 +136,9 @@ def predict_staged(session: Session) -> DraftPrediction | None:
     estimate = not recorded  # the session replays a recording before a dry run
     view = session.view()
     draft_conf, applied_conf = view.staged.to_string(), view.applied.to_string()
-    label = "a dry run of your step" if estimate else "the last %%allocconf record"
+    from allocconf_widget.app.simulate import source_label
+
+    label = source_label(session)  # the one name every view gives this trace
     events = recording.events if recording is not None and recorded else _dry_run_events(session)
     if events > LIMIT_EVENTS:
         return DraftPrediction(label, estimate, None, draft_conf, applied_conf,

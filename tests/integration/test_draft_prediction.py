@@ -167,6 +167,7 @@ def test_a_recording_too_long_for_a_slider_says_where_to_rank_it(session, panel,
     session.set_recording(recording)
     shown = panel.prediction.value
     assert f"has {recording.events:,} trace entries" in shown and "%allocconf simulate" in shown
+    assert "the last %%allocconf record has" in shown  # named as every other view names it
     assert "peak reserved" not in shown
 
 
