@@ -66,30 +66,66 @@ def too_large(what: str, limit_bytes: int) -> SnapshotError:
         f"genuine trace, raise the limit with {SIZE_VARIABLE}=<MiB> (docs/limits.md)")
 
 
+#: gzip that expands further than this beyond :data:`_RATIO_FLOOR` is a bomb: torch's pickles
+#: compress 6- to 10-fold (docs/limits.md)
+MAX_GZIP_RATIO = 100
+_RATIO_FLOOR = 64 * MIB
+_FIRST_FEED = 1024  # input bytes handed to zlib at first in each member, doubling up to 1 MiB
+#: gzip members (concatenated streams) accepted in one file: gzip writes one, ``cat`` a few
+MAX_GZIP_MEMBERS = 1000
+
+
 def gunzip_bounded(data: bytes, what: str, limit_bytes: int) -> bytes:
-    """Decompress gzip ``data``, refusing to produce more than ``limit_bytes`` (a gzip bomb)."""
+    """Decompress gzip ``data``, refusing to produce more than ``limit_bytes`` (a gzip bomb), or
+    more than :data:`MAX_GZIP_RATIO` times its size once past 64 MiB.
+
+    Linear in the input whatever its members: each member is fed to zlib in slices that
+    start small and double, so neither a million tiny members nor one large one makes zlib
+    copy the rest of the input again and again (``unused_data`` and ``unconsumed_tail`` are
+    copies of what was fed and not used).
+    """
     out: list[bytes] = []
     total = 0
-    stream = data
-    while stream:
+    view = memoryview(data)
+    pos, end = 0, len(data)
+    ratio_limit = max(_RATIO_FLOOR, MAX_GZIP_RATIO * end)
+    members = 0
+    while pos < end:
+        members += 1
+        if members > MAX_GZIP_MEMBERS:
+            raise SnapshotError(
+                f"the gzip-compressed {what} is more than {MAX_GZIP_MEMBERS:,} gzip streams joined "
+                "together; torch's snapshots compress as one stream, so it is not one; refused")
         inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        feed = _FIRST_FEED
         try:
-            while stream:
-                chunk = inflater.decompress(stream, 4 * MIB)
+            while pos < end and not inflater.eof:
+                stop = min(pos + feed, end)
+                chunk = inflater.decompress(view[pos:stop], 4 * MIB)
                 total += len(chunk)
                 if total > limit_bytes:
                     raise too_large(f"decompressed {what}", limit_bytes)
+                if total > ratio_limit:
+                    raise SnapshotError(
+                        f"the gzip-compressed {what} expands more than {MAX_GZIP_RATIO}-fold "
+                        f"(beyond {total // MIB} MiB from {end:,} bytes); torch's snapshots "
+                        "compress 6- to 10-fold, so this is a compression bomb; refused. If it "
+                        "is genuine, decompress it yourself and pass the .pickle")
                 out.append(chunk)
-                stream = inflater.unconsumed_tail
-                if inflater.eof:
-                    break
+                pos = stop - len(inflater.unconsumed_tail) - len(inflater.unused_data)
+                feed = min(feed * 2, MIB)
         except zlib.error as exc:
             raise SnapshotError(
                 f"the gzip-compressed {what} is corrupt ({exc}); copy or download it again") from None
         if not inflater.eof:
             raise SnapshotError(
                 f"the gzip-compressed {what} is truncated; copy or download it again")
-        stream = inflater.unused_data.lstrip(b"\0")  # a concatenated member may follow
+        while pos < end:  # zero padding may follow a member, then another member
+            piece = data[pos:pos + _FIRST_FEED]
+            zeros = len(piece) - len(piece.lstrip(b"\0"))
+            pos += zeros
+            if zeros < len(piece):
+                break
     return b"".join(out)
 
 

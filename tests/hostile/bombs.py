@@ -44,6 +44,30 @@ def gzip_bomb(expanded: int = 1024 * MiB) -> bytes:
     return b"".join(parts)
 
 
+def deep_tuple_key(depth: int = 200_000) -> bytes:
+    """~200 KB: a dict whose key is a tuple nested ``depth`` levels (TUPLE1 over and over).
+    Hashing that key while unpickling overflows the C stack: the interpreter crashes."""
+    return b"\x80\x04}N" + b"\x85" * depth + b"K\x01s."
+
+
+def memo_index(index: int = 0x10000000) -> bytes:
+    """9 bytes: store into memo slot ``index``; the C unpickler grows its memo table to it
+    (4 GiB at 2**28)."""
+    return b"\x80\x02]r" + index.to_bytes(4, "little") + b"."
+
+
+def dup_run(count: int = 120 * MiB) -> bytes:
+    """~120 KB of gzip: ``count`` DUP opcodes, 8 bytes of unpickler stack each."""
+    return gzip.compress(b"\x80\x04]" + b"2" * count + b".", 9)
+
+
+def gzip_members(size: int = 4 * MiB) -> bytes:
+    """``size`` bytes of empty gzip members joined together (each copy of the rest of the
+    input per member once made this quadratic)."""
+    member = gzip.compress(b"")
+    return member * (size // len(member))
+
+
 def _valid() -> dict[str, object]:
     block = {"size": 2 * MiB, "requested_size": 2 * MiB, "address": 1 << 40,
              "state": "active_allocated", "frames": []}
@@ -103,6 +127,10 @@ WRONG_SHAPES: dict[str, Callable[[], bytes]] = {
 
 BOMBS: dict[str, Callable[[], bytes]] = {
     "deep nesting": deep_nesting,
+    "deep tuple key": deep_tuple_key,
+    "memo index": memo_index,
+    "DUP run": dup_run,
+    "many gzip members": gzip_members,
     "billion laughs": billion_laughs,
     "memo fan-out": memo_fan_out,
     "gzip bomb": gzip_bomb,

@@ -35,7 +35,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _run_cli(*args: str) -> tuple[subprocess.CompletedProcess[str], float, int]:
-    """Run the CLI on a file; (result, CPU seconds the child used, its peak RSS).
+    """Run the CLI on a file; (result, CPU seconds the child used, its peak RSS), the
+    loader's own checking child (core/memory/unpickle_guard.py) included.
 
     CPU time, not wall time: the bound is about the work a hostile file can cause, and a
     2-core CI machine running other cells stretches wall time (a hang still hits the timeout).
@@ -43,7 +44,9 @@ def _run_cli(*args: str) -> tuple[subprocess.CompletedProcess[str], float, int]:
     code = ("import resource, sys\n"
             "from allocconf_widget.views.cli.main import main\nrc = main(sys.argv[1:])\n"
             "u = resource.getrusage(resource.RUSAGE_SELF)\n"
-            "print('MAXRSS_KIB', u.ru_maxrss, u.ru_utime + u.ru_stime, file=sys.stderr)\n"
+            "c = resource.getrusage(resource.RUSAGE_CHILDREN)\n"  # the loader's checking child
+            "print('MAXRSS_KIB', max(u.ru_maxrss, c.ru_maxrss),\n"
+            "      u.ru_utime + u.ru_stime + c.ru_utime + c.ru_stime, file=sys.stderr)\n"
             "sys.exit(rc)")
     done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                           timeout=60, check=False, preexec_fn=_limit_memory)
@@ -80,14 +83,27 @@ def test_wrong_shape_names_the_field(files, case):
     assert "segments" in text or "device_traces" in text or "allocator_settings" in text, text
 
 
-def test_limits_can_be_lifted_for_a_genuine_huge_trace(files, monkeypatch):
+def test_limits_can_be_lifted_for_a_genuine_huge_trace(tmp_path, monkeypatch):
+    import gzip
+    import os as _os
+
     from allocconf_widget._errors import SnapshotError
 
+    path = tmp_path / "big.pickle.gz"  # 3 MiB that compress about as little as a real trace
+    path.write_bytes(gzip.compress(_os.urandom(3 << 20)))
+    monkeypatch.setenv("ALLOCCONF_MAX_SNAPSHOT_MIB", "2")
     with pytest.raises(SnapshotError, match="ALLOCCONF_MAX_SNAPSHOT_MIB"):
-        load_snapshot(files["gzip bomb"])
-    monkeypatch.setenv("ALLOCCONF_MAX_SNAPSHOT_MIB", "1100")
+        load_snapshot(path)
+    monkeypatch.setenv("ALLOCCONF_MAX_SNAPSHOT_MIB", "8")
     with pytest.raises(SnapshotError, match=r"not a readable pickle|not a memory snapshot"):
-        load_snapshot(files["gzip bomb"])  # now expanded, and refused for what it is
+        load_snapshot(path)  # now expanded, and refused for what it is
+
+
+def test_a_gzip_bomb_is_refused_for_its_ratio_before_the_size_limit(files):
+    from allocconf_widget._errors import SnapshotError
+
+    with pytest.raises(SnapshotError, match="100-fold"):
+        load_snapshot(files["gzip bomb"])
 
 
 @pytest.mark.parametrize("case", ["max_split_size 0", "max_split_size 0.5", "gc threshold 7"])

@@ -25,6 +25,7 @@ from typing import IO, Any, TypedDict, cast
 from allocconf_widget._errors import SnapshotError, printable
 from allocconf_widget.core.gcpause import paused_gc
 from allocconf_widget.core.memory.snapshot_fields import check_fields, short_repr
+from allocconf_widget.core.memory.unpickle_guard import load_checked
 from allocconf_widget.core.units import format_bytes
 from allocconf_widget.core.untrusted import (
     LoadLimits,
@@ -225,7 +226,11 @@ def _unpickle(data: bytes, what: str) -> object:
         raise SnapshotError(
             f"the {what} is not a readable pickle ({exc}){_not_a_pickle_hint(data)}"
         ) from exc
-    except (ValueError, TypeError, IndexError, KeyError, AttributeError, MemoryError,
+    except MemoryError as exc:
+        raise SnapshotError(
+            f"the {what} takes more memory to unpickle than this process can get; "
+            "torch's snapshots take 6 to 9 times their size (docs/limits.md)") from exc
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError,
             RecursionError, OverflowError) as exc:
         raise SnapshotError(
             f"the {what} is not a readable pickle ({type(exc).__name__}: {printable(str(exc), 200)})"
@@ -318,13 +323,15 @@ def load_snapshot(source: str | os.PathLike[str] | bytes | IO[bytes]) -> Snapsho
         data = gunzip_bounded(data, what, limits.max_bytes)
         if not data:
             raise SnapshotError(f"the gzip-compressed {what} contains nothing (0 bytes)")
-    with paused_gc():  # millions of plain dicts, no cycles (core/gcpause.py)
-        obj = _unpickle(data, what)
-        del data
+    def check(obj: object) -> None:
         check_structure(obj, what, limits)
-        snapshot = _as_snapshot(obj)
-        check_fields(snapshot)
-    return snapshot
+        check_fields(_as_snapshot(obj))
+
+    with paused_gc():  # millions of plain dicts, no cycles (core/gcpause.py)
+        # in a forked child first: some pickles crash or exhaust the unpickler itself
+        obj = load_checked(data, what, lambda raw: _unpickle(raw, what), check)
+        del data
+        return _as_snapshot(obj)
 
 
 def large_snapshot_note(size_bytes: int) -> str | None:

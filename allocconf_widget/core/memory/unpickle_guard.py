@@ -1,0 +1,233 @@
+"""Unpickle bytes we did not write in a throwaway child process first, under memory and CPU limits.
+
+Python's C unpickler has failure modes that no check *after* it can catch, because they strike
+while it runs:
+
+* a tuple nested 200,000 deep used as a dict key (about 200 KB of pickle) crashes the
+  interpreter: hashing it overflows the C stack, and the notebook's kernel dies with it;
+* a 9-byte pickle that stores into memo slot 2**28 makes the unpickler allocate 4 GiB for its
+  memo table, and a long run of DUP opcodes grows its stack by 8 bytes per input byte.
+
+So on Linux :func:`load_checked` forks. The child lowers its address-space and CPU limits,
+unpickles, and says so through a pipe; it then runs the checks (nesting, expanded size, field
+types) and sends their verdict. The parent unpickles the same bytes only after the child's
+unpickle came through: identical input gives the identical object, so the parent's unpickle
+can neither crash nor take more than the child's did. It runs while the child checks, and the
+parent takes the child's verdict instead of checking again, so the guard costs about one
+fork (about 15 ms) on an honest file.
+
+The memory budget is :data:`BUDGET_BASE` plus :data:`BUDGET_PER_BYTE` times the pickle's
+size: torch's snapshots took 6 to 9 times their size once unpickled (docs/limits.md). The CPU
+budget is generous in the same way. Where processes cannot fork (not Linux, or the fork
+fails), the parent unpickles and checks in process, as before.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+from allocconf_widget._errors import SnapshotError, printable
+from allocconf_widget.core.units import MIB, format_bytes
+
+BUDGET_BASE = 256 * MIB
+BUDGET_PER_BYTE = 16
+CPU_BASE_S = 10
+CPU_PER_MIB_S = 0.25
+_UNPICKLED, _CHECKED, _FAILED = b"U", b"C", b"E"
+_CRASHES = {signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE}
+
+
+def memory_budget(size: int) -> int:
+    """Bytes the child may add to its address space while unpickling ``size`` bytes."""
+    return BUDGET_BASE + BUDGET_PER_BYTE * size
+
+
+def cpu_budget(size: int) -> int:
+    """CPU seconds the child may use to unpickle and check ``size`` bytes."""
+    return int(CPU_BASE_S + CPU_PER_MIB_S * size / MIB) + 1
+
+
+def load_checked(data: bytes, what: str, unpickle: Callable[[bytes], object],
+                 check: Callable[[object], None]) -> object:
+    """``unpickle(data)``, refused unless ``check`` accepts the result; guarded by a child.
+
+    Raises:
+        SnapshotError: from ``unpickle`` or ``check`` (the child's message, word for word), or
+            saying that unpickling crashed, or took more memory or CPU than its budget.
+    """
+    if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
+        obj = unpickle(data)
+        check(obj)
+        return obj
+    read_end, write_end = os.pipe()
+    try:
+        with warnings.catch_warnings():  # "multi-threaded, fork() may deadlock": the child
+            warnings.simplefilter("ignore", DeprecationWarning)  # only unpickles and exits
+            pid = os.fork()
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        obj = unpickle(data)
+        check(obj)
+        return obj
+    if pid == 0:  # pragma: no cover - the child; it never returns
+        os.close(read_end)
+        _child(write_end, data, what, unpickle, check)
+    os.close(write_end)
+    child = _Child(pid, read_end, what, len(data))
+    try:
+        child.expect(_UNPICKLED)
+        obj = unpickle(data)  # what the child just did: it cannot crash or grow further
+        child.expect(_CHECKED)
+        return obj
+    finally:
+        os.close(read_end)
+        child.reap()
+
+
+def _child(out: int, data: bytes, what: str, unpickle: Callable[[bytes], object],
+           check: Callable[[object], None]) -> None:  # pragma: no cover - runs in the child
+    code = 0
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)  # a crash report (faulthandler) is the parent's to word
+        _limit_resources(len(data))
+        try:
+            obj = unpickle(data)
+        except SnapshotError as exc:
+            if isinstance(exc.__cause__, MemoryError):
+                raise SnapshotError(_memory_message(what, len(data))) from None
+            raise
+        os.write(out, _UNPICKLED)
+        check(obj)
+        os.write(out, _CHECKED)
+    except SnapshotError as exc:
+        _send_failure(out, str(exc))
+    except MemoryError:
+        _send_failure(out, _memory_message(what, len(data)))
+    except BaseException as exc:
+        _send_failure(out, f"checking it failed ({type(exc).__name__}: {printable(str(exc), 200)})")
+        code = 1
+    os._exit(code)
+
+
+def _send_failure(out: int, message: str) -> None:  # pragma: no cover - runs in the child
+    payload = _FAILED + message[:4000].encode("utf-8", "replace")
+    with contextlib.suppress(OSError):
+        os.write(out, payload)
+
+
+def _limit_resources(size: int) -> None:  # pragma: no cover - runs in the child
+    import resource
+
+    def lower(kind: int, soft: int) -> None:
+        _, hard = resource.getrlimit(kind)
+        if hard != resource.RLIM_INFINITY:
+            soft = min(soft, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(kind, (soft, hard))
+
+    lower(resource.RLIMIT_CORE, 0)
+    lower(resource.RLIMIT_CPU, cpu_budget(size))  # a forked child starts at 0 s of CPU
+    current = _address_space()
+    if current is not None:
+        soft_as, _ = resource.getrlimit(resource.RLIMIT_AS)
+        wanted = current + memory_budget(size)
+        if soft_as == resource.RLIM_INFINITY or wanted < soft_as:
+            lower(resource.RLIMIT_AS, wanted)
+
+
+def _address_space() -> int | None:  # pragma: no cover - runs in the child
+    try:
+        with Path("/proc/self/statm").open("rb") as handle:
+            return int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _memory_message(what: str, size: int) -> str:
+    return (f"unpickling the {what} takes more than {format_bytes(memory_budget(size))} of memory "
+            f"({BUDGET_PER_BYTE}× its {format_bytes(size)} plus {format_bytes(BUDGET_BASE)}; torch's "
+            "snapshots take 6 to 9 times their size), so it is built to exhaust memory "
+            "(a huge memo index, a long run of DUP opcodes), not written by torch; refused")
+
+
+class _Child:
+    """The forked checker, seen from the parent: its pipe, its deadline and its end."""
+
+    def __init__(self, pid: int, pipe: int, what: str, size: int) -> None:
+        self.pid, self.pipe, self.what, self.size = pid, pipe, what, size
+        self.wall_s = 4 * cpu_budget(size) + 30  # a stopped or starved child still ends
+        self.deadline = time.monotonic() + self.wall_s
+        self.status: int | None = None
+        self.reaped = False
+
+    def expect(self, wanted: bytes) -> None:
+        """Wait for the child's next word; raise what it says instead, or why it ended."""
+        while True:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                raise SnapshotError(f"reading the {self.what} did not finish within "
+                                    f"{self.wall_s} s; refused")
+            ready, _, _ = select.select([self.pipe], [], [], min(left, 1.0))
+            if ready:
+                break
+        word = os.read(self.pipe, 1)
+        if word == wanted:
+            return
+        if word == _FAILED:
+            chunks = []
+            while more := os.read(self.pipe, 65536):
+                chunks.append(more)
+            raise SnapshotError(b"".join(chunks).decode("utf-8", "replace"))
+        self.reap()
+        raise SnapshotError(_ended(self.what, self.size, self.status))
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            os.kill(self.pid, signal.SIGKILL)
+
+    def reap(self) -> None:
+        """Collect the child's wait status (killing it if it has not ended within a second)."""
+        if self.reaped:
+            return
+        self.reaped = True
+        for _ in range(200):  # after its last word it exits at once
+            try:
+                done, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if done:
+                self.status = status
+                return
+            time.sleep(0.005)
+        self.kill()
+        with contextlib.suppress(ChildProcessError):
+            self.status = os.waitpid(self.pid, 0)[1]
+
+
+def _ended(what: str, size: int, status: int | None) -> str:
+    """Why the child ended without a verdict, from its wait status."""
+    if status is not None and os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig in _CRASHES:
+            return (f"the {what} crashes Python's unpickler (it holds objects nested too deeply "
+                    "for it, e.g. a tuple inside a tuple 100,000 times; torch's snapshots nest "
+                    "about 8 levels), so it is not one; refused (nothing in it was run)")
+        if sig in (signal.SIGXCPU, signal.SIGKILL):
+            return (f"unpickling and checking the {what} took more than {cpu_budget(size)} s of "
+                    "CPU (a million-entry torch trace takes about 1 s); refused")
+        return f"reading the {what} was stopped by signal {sig}; refused"
+    code = os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else "unknown"
+    return f"checking the {what} ended without a verdict (exit status {code}); refused"
