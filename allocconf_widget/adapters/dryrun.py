@@ -540,7 +540,8 @@ class DryRun:
                                "are fixed; the prediction still holds for a fresh process")
         stack = contextlib.ExitStack()
         try:
-            stack.enter_context(tp.UserObjectsRestored(torch))  # exits last: after the mode
+            stack.enter_context(tp.TorchDefaultsRestored(torch))  # exits last: after the mode
+            stack.enter_context(tp.UserObjectsRestored(torch))
             stack.enter_context(tp.GpuContextInitBlocked())
             stack.enter_context(tp.FakeParameterSwaps(torch))
             stack.enter_context(tp.FakeForeachDefault(torch))

@@ -577,6 +577,47 @@ class _FakeAwareWeakref:
         return getattr(self._module, name)
 
 
+class TorchDefaultsRestored:
+    """While entered, remember torch's process-wide defaults a step may set; on exit, restore them.
+
+    A dry-run cell that calls ``torch.set_default_device("cuda")`` (common at the top of a
+    training script) left it in force: every later ``torch.zeros`` then raised on a CPU build,
+    or, on a GPU machine, started CUDA and froze the very allocator settings the dry run exists
+    to keep open. The default dtype and the CPU random generator (a model built in the cell
+    draws its initial weights from it) are restored too, so the real run after a dry run
+    computes what it would have computed without one.
+    """
+
+    def __init__(self, torch: ModuleType) -> None:
+        self._torch = torch
+        self._dtype: Any = None
+        self._device: Any = None
+        self._rng: Any = None
+
+    def __enter__(self) -> TorchDefaultsRestored:
+        torch = self._torch
+        self._dtype = torch.get_default_dtype()
+        self._device = _default_device_context(torch)
+        self._rng = torch.get_rng_state()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        torch = self._torch
+        if torch.get_default_dtype() != self._dtype:
+            torch.set_default_dtype(self._dtype)
+        # compared as torch's own context objects: ``get_default_device()`` resolves a "cuda"
+        # default to an index, which starts CUDA (and raises on a CPU build)
+        if _default_device_context(torch) is not self._device:
+            torch.set_default_device(None if self._device is None else self._device.device)
+        torch.set_rng_state(self._rng)
+
+
+def _default_device_context(torch: ModuleType) -> Any:
+    """The ``DeviceContext`` that ``torch.set_default_device`` left in force, or None."""
+    holder = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
+    return getattr(holder, "device_context", None)
+
+
 class FakeForeachDefault:
     """While entered, optimizers pick their CUDA default (foreach) for fake CUDA parameters.
 

@@ -360,3 +360,22 @@ with torch.no_grad():
     finally:
         for name in ("Trainer", "trainer", "opt", "sched", "p"):
             ip.user_ns.pop(name, None)
+
+
+def test_torch_defaults_a_cell_sets_are_put_back(ip, capsys):
+    """A cell that starts as training scripts do (``set_default_device("cuda")``, a default
+    dtype) and builds a model (drawing from the CPU generator) leaves none of it behind: a
+    later real ``torch.zeros`` is a float32 CPU tensor again, and the real run draws the same
+    random numbers it would have drawn without the dry run."""
+    rng_before = torch.get_rng_state()
+    ip.run_cell_magic("allocconf", "dryrun", "\n".join([
+        "layer = torch.nn.Linear(256, 256)",  # initial weights from the CPU generator
+        "torch.set_default_device('cuda')",
+        "torch.set_default_dtype(torch.float64)",
+        "with torch.no_grad():",
+        "    y = layer.to('cuda')(torch.zeros(64, 256, dtype=torch.float32))",
+    ]))
+    assert "A dry run" in capsys.readouterr().out
+    after = torch.zeros(2)
+    assert after.device.type == "cpu" and after.dtype == torch.float32
+    assert torch.equal(torch.get_rng_state(), rng_before)
