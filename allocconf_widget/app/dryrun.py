@@ -143,8 +143,10 @@ class DryRunResult:
                 "device_total_bytes": self.gpu.total_bytes,
                 "free_at_start_bytes": self.gpu.usable_bytes, "conf": self.trace.conf_text,
                 "dry_run": True, "trace_events": len(self.trace.entries)}
-        try:
-            sidecar.write_text(json.dumps(meta, indent=1), encoding="utf-8")
+        from allocconf_widget.core.untrusted import replace_file_atomically
+
+        try:  # as the snapshot is written: a link replaced, a FIFO or device refused
+            replace_file_atomically(sidecar, json.dumps(meta, indent=1).encode("utf-8"))
         except OSError as exc:
             from allocconf_widget._errors import SnapshotError
 

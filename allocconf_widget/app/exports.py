@@ -17,7 +17,6 @@ import io
 import json
 import os
 import stat
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -157,20 +156,10 @@ def _target(path: str | os.PathLike[str] | None, kind: str, suffix: str) -> Path
 
 
 def write_text_atomically(target: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``target``, then rename it over ``target``.
+    """:func:`~allocconf_widget.core.untrusted.replace_file_atomically` for text (UTF-8)."""
+    from allocconf_widget.core.untrusted import replace_file_atomically
 
-    A reader (or a download link followed at that moment) never sees half a file, and a
-    failure leaves no truncated export behind; a link at ``target`` is replaced, never followed.
-    """
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
-        Path(tmp).replace(target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            Path(tmp).unlink()
-        raise
+    replace_file_atomically(target, text.encode("utf-8"))
 
 
 def write_timeline_csv(timeline: Timeline, path: str | os.PathLike[str] | None = None) -> Path:
@@ -248,5 +237,5 @@ def write_replay_sidecar(snapshot_path: Path, *, torch_version: str | None, devi
     if fraction is not None:
         meta["fraction"] = float(fraction)
     target = snapshot_path.with_name(stem + ".json")
-    target.write_text(json.dumps(meta, indent=1), encoding="utf-8")
+    write_text_atomically(target, json.dumps(meta, indent=1))
     return target

@@ -328,11 +328,19 @@ def export_for_viewer(capture: OomCapture, directory: str | os.PathLike[str] | N
     """Write ``allocconf-oom-<time>.pickle`` and PyTorch's ``trace_plot`` page beside it, by
     default into ``./allocconf-exports/`` (git-ignored), where every export goes."""
     from allocconf_widget.adapters import torch_private
-    from allocconf_widget.app.exports import default_name, export_dir, write_replay_sidecar, write_snapshot
+    from allocconf_widget.app.exports import (
+        default_name,
+        export_dir,
+        write_replay_sidecar,
+        write_snapshot,
+        write_text_atomically,
+    )
 
     folder = Path(directory) if directory is not None else export_dir()
     snapshot: Any = capture.snapshot  # torch's plain dict, the shape Snapshot describes
-    pickle_path = write_snapshot(snapshot, folder / default_name("oom", ".pickle"))
+    # a folder: the name is reserved there (-2, -3 … within one second), never overwriting
+    where = folder if folder.is_dir() else folder / default_name("oom", ".pickle")
+    pickle_path = write_snapshot(snapshot, where, kind="oom")
     lines = [f"snapshot saved: {pickle_path} (drag it onto pytorch.org/memory_viz)"]
     # the facts the card's replay used, so `allocconf simulate` on the file agrees with it
     sidecar = write_replay_sidecar(pickle_path, torch_version=capture.torch_version,
@@ -353,7 +361,7 @@ def export_for_viewer(capture: OomCapture, directory: str | os.PathLike[str] | N
             lines.append(f"PyTorch's viewer page could not be made here ({exc})")
         else:
             html_path = pickle_path.with_suffix(".html")
-            html_path.write_text(page, encoding="utf-8")
+            write_text_atomically(html_path, page)
             lines.append(f"PyTorch's viewer: {html_path} ({CDN_NOTE})")
     return ViewerFiles(pickle_path, html_path, tuple(lines))
 

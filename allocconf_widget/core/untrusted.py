@@ -15,12 +15,15 @@ lift them for a genuinely huge trace.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
+import tempfile
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import cast
 
 from allocconf_widget._errors import SnapshotError
@@ -262,3 +265,41 @@ def read_regular_file(path: str | os.PathLike[str], limit: int, *, follow_links:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+# ----------------------------------------------------------------- writing a file the user named
+
+def replace_file_atomically(target: str | os.PathLike[str], payload: bytes) -> None:
+    """Write ``payload`` to a temporary file beside ``target``, then rename it over ``target``.
+
+    Every file the package writes goes through here. A reader never sees half a file, and a
+    failure leaves no truncated file behind. A symbolic link at ``target`` is replaced, never
+    followed; anything else that is not a regular file (a FIFO, a device, a socket, a
+    directory) is refused untouched: run as root (Colab), a rename over ``/dev/null`` replaced
+    the system's device with a pickle.
+
+    Raises:
+        NotRegularFileError: ``target`` exists and is neither a regular file nor a link.
+        OSError: the folder cannot be written.
+    """
+    path = Path(target)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        kind = "a directory" if stat.S_ISDIR(mode) else _kind(mode)
+        raise NotRegularFileError(errno.EEXIST, f"{os.fspath(path)!r} is {kind}, not a regular "
+                                  "file; nothing was written (choose a file name)")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        # mkstemp's 0600 would hide an export from the user's other tools: a file replaced
+        # keeps its permissions, a new one gets the usual rw-r--r--
+        os.fchmod(fd, stat.S_IMODE(mode) if mode is not None and stat.S_ISREG(mode) else 0o644)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+        Path(tmp).replace(path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            Path(tmp).unlink()
+        raise

@@ -8,6 +8,7 @@ an ANSI escape cannot break ``%load_ext``'s one line.
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -107,3 +108,40 @@ def test_load_ext_prints_one_line_whatever_the_project_folder_is_named(tmp_path:
     out = done.stdout.split("<<<\n", 1)[1].split(">>>", 1)[0]
     assert out.count("\n") == 1 and out.startswith("allocconf_widget: "), repr(out)
     assert "\x1b" not in out and "\r" not in out
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_save_onto_a_fifo_or_a_link_changes_nothing_there(tmp_path):
+    """A FIFO (or, as root, a device) where a snapshot or its sidecar is saved is refused and
+    left as it was; a link there is replaced, never followed (it pointed at the user's notes)."""
+    from allocconf_widget._errors import SnapshotError
+    from allocconf_widget.core.memory.snapshot import save_snapshot
+    from allocconf_widget.core.untrusted import NotRegularFileError, replace_file_atomically
+
+    fifo = tmp_path / "pipe.pickle"
+    os.mkfifo(fifo)
+    with pytest.raises(SnapshotError, match="FIFO"):
+        save_snapshot({"segments": [], "device_traces": []}, fifo)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    with pytest.raises(NotRegularFileError, match="directory"):
+        replace_file_atomically(tmp_path, b"x")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes")
+    link = tmp_path / "step.json"
+    link.symlink_to(notes)
+    replace_file_atomically(link, b"{}")
+    assert notes.read_text() == "my notes" and not link.is_symlink() and link.read_bytes() == b"{}"
+    assert stat.S_IMODE(os.stat(link).st_mode) == 0o644
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_two_flight_exports_in_one_second_keep_both(tmp_path, monkeypatch):
+    """The OOM card's viewer export twice in a row: the second gets ``-2``, the first stays."""
+    from allocconf_widget.app.flight import export_for_viewer, load_demo_oom
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(exports, "default_name", lambda kind, suffix: f"allocconf-{kind}-fixed{suffix}")
+    capture = load_demo_oom().capture
+    first, second = export_for_viewer(capture), export_for_viewer(capture)
+    assert first.pickle != second.pickle and second.pickle.name.endswith("-2.pickle")
+    assert first.pickle.stat().st_size > 0 and second.pickle.stat().st_size > 0

@@ -17,7 +17,6 @@ import gzip
 import io
 import os
 import pickle
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any, TypedDict, cast
@@ -33,6 +32,7 @@ from allocconf_widget.core.untrusted import (
     check_structure,
     gunzip_bounded,
     read_regular_file,
+    replace_file_atomically,
     too_large,
 )
 
@@ -471,17 +471,6 @@ def _for_viewer(snapshot: Snapshot) -> dict[str, Any]:
     return out
 
 
-def _write_atomically(path: Path, payload: bytes) -> None:
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
-        Path(tmp_name).replace(path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-
-
 def save_snapshot(snapshot: Snapshot, path: str | os.PathLike[str],
                   for_torch: tuple[int, int] | None = None) -> int:
     """Write a snapshot as a plain pickle that PyTorch's viewers open; returns bytes written.
@@ -512,7 +501,9 @@ def save_snapshot(snapshot: Snapshot, path: str | os.PathLike[str],
     if target.name.endswith(".gz"):
         payload = gzip.compress(payload, mtime=0)
     try:
-        _write_atomically(target, payload)
+        replace_file_atomically(target, payload)
+    except NotRegularFileError as exc:
+        raise SnapshotError(f"cannot write the snapshot: {exc}") from None
     except OSError as exc:
         raise SnapshotError(f"cannot write snapshot file {os.fspath(path)!r}: {exc}") from exc
     return len(payload)
