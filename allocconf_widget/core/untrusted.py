@@ -269,6 +269,34 @@ def read_regular_file(path: str | os.PathLike[str], limit: int, *, follow_links:
 
 # ----------------------------------------------------------------- writing a file the user named
 
+def check_write_target(target: str | os.PathLike[str]) -> int | None:
+    """Refuse a path no file may be written to; returns the mode of what is there (None: nothing).
+
+    Checked before work whose result is to be saved (a recorded or dry-run cell), so a bad
+    ``--save`` is said before the cell runs rather than after.
+
+    Raises:
+        NotRegularFileError: an empty name, a folder that does not exist, or something there
+            that is neither a regular file nor a link (a FIFO, a device, a directory).
+    """
+    name = os.fspath(target)
+    if not name.strip():
+        raise NotRegularFileError(errno.ENOENT, "the file name is empty; give a path such as step.pickle")
+    path = Path(name)
+    if not path.parent.is_dir():
+        raise NotRegularFileError(errno.ENOENT, f"the folder {os.fspath(path.parent)!r} does not "
+                                  f"exist; create it, or save {path.name!r} elsewhere")
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        kind = "a directory" if stat.S_ISDIR(mode) else _kind(mode)
+        raise NotRegularFileError(errno.EEXIST, f"{name!r} is {kind}, not a regular "
+                                  "file; nothing was written (choose a file name)")
+    return mode
+
+
 def replace_file_atomically(target: str | os.PathLike[str], payload: bytes) -> None:
     """Write ``payload`` to a temporary file beside ``target``, then rename it over ``target``.
 
@@ -283,14 +311,7 @@ def replace_file_atomically(target: str | os.PathLike[str], payload: bytes) -> N
         OSError: the folder cannot be written.
     """
     path = Path(target)
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        mode = None
-    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
-        kind = "a directory" if stat.S_ISDIR(mode) else _kind(mode)
-        raise NotRegularFileError(errno.EEXIST, f"{os.fspath(path)!r} is {kind}, not a regular "
-                                  "file; nothing was written (choose a file name)")
+    mode = check_write_target(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         # mkstemp's 0600 would hide an export from the user's other tools: a file replaced

@@ -379,3 +379,19 @@ def test_torch_defaults_a_cell_sets_are_put_back(ip, capsys):
     after = torch.zeros(2)
     assert after.device.type == "cpu" and after.dtype == torch.float32
     assert torch.equal(torch.get_rng_state(), rng_before)
+
+
+def test_a_bad_save_path_is_said_before_the_cell_runs_and_keeps_the_dry_run(ip, capsys, tmp_path):
+    from allocconf_widget.app.session import get_session
+
+    ip.run_cell_magic("allocconf", "dryrun", CELL)
+    kept = get_session(ip).dry_run
+    assert kept is not None
+    capsys.readouterr()
+    ip.user_ns["BATCH"] = 4096
+    for bad in (str(tmp_path / "missing" / "step.pickle"), "", str(tmp_path)):
+        with pytest.raises(UsageError, match="--save"):
+            ip.run_cell_magic("allocconf", f"dryrun --save '{bad}'", CELL)
+        assert get_session(ip).dry_run is kept
+    out = capsys.readouterr().out
+    assert "A dry run" not in out and "loss" not in out, out  # the cell never ran

@@ -317,6 +317,16 @@ def test_windows_paths_keep_their_backslashes(ip, capsys):
     assert repr(r"C:\traces\a.pickle") in str(caught.value)  # not C:tracesa.pickle
 
 
+def test_an_unclosed_quote_is_said_in_one_line_and_stages_nothing(ip, capsys):
+    from allocconf_widget.app.session import get_session
+
+    before = get_session(ip).staged()
+    for line in ('set "expandable_segments=True', "simulate 'C:\\traces\\my run.pickle"):
+        with pytest.raises(UsageError, match="is never closed"):
+            ip.run_line_magic("allocconf", line)
+    assert get_session(ip).staged() == before
+
+
 def test_a_pasted_variable_assignment_is_staged_as_its_value(ip, capsys):
     staged, out = magic(ip, f"set PYTORCH_CUDA_ALLOC_CONF={OPT}", capsys)
     assert staged.to_string() == OPT

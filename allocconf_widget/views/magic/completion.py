@@ -27,12 +27,21 @@ _parser_factory: list[Callable[[], argparse.ArgumentParser]] = []
 
 
 def split_args(line: str) -> list[str]:
-    """Split a magic line like a shell would, except that a backslash is an ordinary character."""
+    """Split a magic line like a shell would, except that a backslash is an ordinary character.
+
+    Raises:
+        ValueError: a quote is opened and never closed, said so.
+    """
     lexer = shlex.shlex(line, posix=True)
     lexer.whitespace_split = True
     lexer.escape = ""  # Windows paths: C:\traces\a.pickle stays as typed
     lexer.commenters = ""  # '#' is a character of a value, not a comment
-    return list(lexer)
+    try:
+        return list(lexer)
+    except ValueError:  # shlex: "No closing quotation"
+        quote = next((q for q in ('"', "'") if line.count(q) % 2), '"')
+        raise ValueError(f"a {quote} quote in {line.strip()[:200]!r} is never closed; close it "
+                         f"(e.g. simulate {quote}my run.pickle{quote})") from None
 
 
 def _grammar() -> _Grammar:

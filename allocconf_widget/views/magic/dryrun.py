@@ -70,11 +70,25 @@ def _run_cell(ctx: MagicContext, cell: str, gpu: Any, rules: bool) -> Any:
     return run.result
 
 
+def check_save_target(path: str) -> None:
+    """Refuse a ``--save`` path before a cell runs (an empty name, a missing folder, a FIFO)."""
+    from allocconf_widget.core.untrusted import NotRegularFileError, check_write_target
+
+    try:
+        check_write_target(path)
+    except NotRegularFileError as exc:
+        raise AllocConfError(f"--save: {exc}") from None
+
+
 def run_dryrun(args: argparse.Namespace, ctx: MagicContext) -> Any:
     if ctx.cell is None:
         raise RuntimeStateError("dryrun is a cell magic: start the cell with %%allocconf dryrun")
+    if args.save is not None:
+        check_save_target(args.save)  # said before the cell runs, not after
     result = _run_cell(ctx, ctx.cell, args.gpu, not args.raw)
     result.require_allocations()  # before the session keeps it: an empty one replaces nothing
+    # saved before the session keeps it: a save that fails leaves the previous dry run in place
+    saved = result.save(args.save) if args.save is not None else None
     from allocconf_widget.app.dryrun import DryRunCell
 
     ctx.session.set_dry_run(result, DryRunCell(ctx.cell, args.gpu))
@@ -88,9 +102,8 @@ def run_dryrun(args: argparse.Namespace, ctx: MagicContext) -> Any:
               "torch's defaults instead")
         best = result.predict("")
     print(f"Predicted with the settings this kernel applies: {best.describe()}.")
-    if args.save:
-        path = result.save(args.save)
-        print(f"Saved the dry-run snapshot to {path} (allocconf simulate {path}).")
+    if saved is not None:
+        print(f"Saved the dry-run snapshot to {saved} (allocconf simulate {saved}).")
     print("Next: %allocconf simulate (ranks settings on this estimate), or %allocconf plan VAR SIZES.")
     return result
 

@@ -68,7 +68,10 @@ def _magics_class() -> Any:
             from allocconf_widget.app.session import get_session
 
             parser = build_parser()
-            words = split_args(line)
+            try:
+                words = split_args(line)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
             if words[:1] == ["help"]:  # `%allocconf help [SUBCOMMAND]`, as people type it
                 words = [*(w for w in words[1:2] if w != "help"), "-h"]
             try:

@@ -58,6 +58,10 @@ def run_record(args: argparse.Namespace, ctx: MagicContext) -> Any:
 
     if ctx.cell is None:
         raise RuntimeStateError("record is a cell magic: start the cell with %%allocconf record")
+    if args.save is not None:
+        from allocconf_widget.views.magic.dryrun import check_save_target
+
+        check_save_target(args.save)  # said before the training cell runs, not after it
     recorder = record(max_entries=args.max_entries)
     try:
         rec = recorder.__enter__()
@@ -74,7 +78,7 @@ def run_record(args: argparse.Namespace, ctx: MagicContext) -> Any:
         raise
     recorder.__exit__(None, None, None)
     ctx.session.set_recording(rec)
-    if args.save and rec.snapshot is not None:
+    if args.save is not None and rec.snapshot is not None:
         from allocconf_widget.app.exports import viewer_torch
         from allocconf_widget.core.memory.snapshot import save_snapshot
 
