@@ -121,7 +121,7 @@ def test_a_save_onto_a_fifo_or_a_link_changes_nothing_there(tmp_path):
     fifo = tmp_path / "pipe.pickle"
     os.mkfifo(fifo)
     with pytest.raises(SnapshotError, match="FIFO"):
-        save_snapshot({"segments": [], "device_traces": []}, fifo)
+        save_snapshot({"segments": [], "device_traces": []}, fifo)  # names the FIFO
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     with pytest.raises(NotRegularFileError, match="directory"):
         replace_file_atomically(tmp_path, b"x")
@@ -131,7 +131,7 @@ def test_a_save_onto_a_fifo_or_a_link_changes_nothing_there(tmp_path):
     link.symlink_to(notes)
     replace_file_atomically(link, b"{}")
     assert notes.read_text() == "my notes" and not link.is_symlink() and link.read_bytes() == b"{}"
-    assert stat.S_IMODE(os.stat(link).st_mode) == 0o644
+    assert stat.S_IMODE(link.stat().st_mode) == 0o644
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 

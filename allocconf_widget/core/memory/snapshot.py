@@ -278,6 +278,11 @@ def _check_segment(segment: object, index: int) -> None:
                            f"{short_repr(pool)}")
     for block_index, block in enumerate(blocks):
         _check_block(block, f"block {block_index} of {where}")
+    held = sum(block["size"] for block in blocks)
+    if held > segment["total_size"]:  # every figure read from it would be impossible
+        raise _shape_error(where, f"has blocks adding up to {format_bytes(held)}, more than its "
+                           f"total_size of {format_bytes(segment['total_size'])} (a segment's "
+                           "blocks lie inside it)")
 
 
 def _as_snapshot(obj: object) -> Snapshot:
@@ -503,7 +508,7 @@ def save_snapshot(snapshot: Snapshot, path: str | os.PathLike[str],
     try:
         replace_file_atomically(target, payload)
     except NotRegularFileError as exc:
-        raise SnapshotError(f"cannot write the snapshot: {exc}") from None
+        raise SnapshotError(f"cannot write snapshot file {os.fspath(path)!r}: {exc}") from None
     except OSError as exc:
         raise SnapshotError(f"cannot write snapshot file {os.fspath(path)!r}: {exc}") from exc
     return len(payload)

@@ -594,7 +594,9 @@ class Engine:
         if blk is None:
             if not self.rejected:
                 self.num_ooms += 1
-            if self.oom is None:
+            # the first OOM, but one the recording did not have outranks a recorded one before
+            # it: that is where the run ends, or where the program's handler takes over
+            if self.oom is None or (self.oom.recorded and not recorded):
                 self.oom = PredictedOom(
                     event_index=self.trace.op_index[i],
                     requested_bytes=n,

@@ -218,7 +218,8 @@ class SimResult:
     initial_allocated_bytes: int = 0
     #: the trace shows the program surviving its OOMs (it allocates after an ``oom`` entry)
     program_catches_ooms: bool = False
-    #: the first OOM would end the run: False for one the program catches (docs/simulator.md)
+    #: ``oom`` (the first OOM the recording did not have, else the first) would end the run:
+    #: False for one the program catches (docs/simulator.md)
     oom_fatal: bool = False
     #: a program that catches its OOMs would not fail the recorded request at this event (it
     #: fits here), so its handler would not run and it takes a path the recording does not show
