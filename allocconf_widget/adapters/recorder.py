@@ -52,6 +52,9 @@ class CellRecording:
     free_at_start: int | None = None
     seconds: float = 0.0
     peak_reserved: int | None = None
+    #: ``set_per_process_memory_fraction`` in force when the cell started (None: no limit);
+    #: changes inside the cell are in the snapshot, where they happened
+    fraction: float | None = None
     error: BaseException | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -104,6 +107,8 @@ def record(max_entries: int = DEFAULT_MAX_ENTRIES, device: int = 0) -> Iterator[
     torch.cuda.reset_peak_memory_stats(device)
     free, total = torch.cuda.mem_get_info(device)
     recording.free_at_start, recording.device_total = int(free), int(total)
+    in_force = torch_private.memory_fraction(torch, device)  # set in an earlier cell
+    recording.fraction = in_force if in_force is not None and in_force < 1.0 else None
     started = time.perf_counter()
     fraction_calls: list[dict[str, Any]] = []
     try:

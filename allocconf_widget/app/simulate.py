@@ -42,6 +42,8 @@ class TraceSource:
     non_pytorch_bytes: int | None = 0  # None: estimate it from the trace (core/sim/capacity.py)
     device: int | None = None  # CUDA device whose trace to use (None: the one with a trace)
     notes: tuple[str, ...] = ()  # where facts came from (a recording's sidecar), for the report
+    #: the memory fraction in force when the run was recorded; a request's own fraction wins
+    fraction: float | None = None
 
 
 def file_source(path: str, *, torch_version: TorchVersion | None = None,
@@ -181,7 +183,8 @@ def trace_source(session: RecordingHolder, path: str | None = None, demo: bool =
                    if isinstance(seg, dict) and seg.get("device", 0) == 0)
         return TraceSource(rec.snapshot, RECORDING_LABEL,
                            recorded_release(rec.torch_version), rec.device_total,
-                           max((rec.device_total or 0) - (rec.free_at_start or 0) - held, 0))
+                           max((rec.device_total or 0) - (rec.free_at_start or 0) - held, 0),
+                           fraction=rec.fraction)
     dry = session.dry_run  # an estimate, labelled so
     if dry is not None and not demo:
         return dry.source()
@@ -392,7 +395,7 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
         trace = extract_trace(source.snapshot, source.device)
     notes: list[str] = list(source.notes)
     device_total, non_pytorch = source.device_total, _non_pytorch(source, trace, notes)
-    fraction = request.fraction
+    fraction = request.fraction if request.fraction is not None else source.fraction
     if fraction is not None and not 0.0 <= fraction <= 1.0:
         raise AllocConfError(f"a memory fraction must be between 0 and 1, not {fraction}",
                              fix="pass e.g. 0.5 for half of the device")

@@ -177,7 +177,9 @@ def recommend(
         described = recorded.describe()
         grid.append(("" if described == "(defaults)" else described, "recorded"))
     offered, not_offered = _offerable(
-        candidate_confs(version, with_fraction=fraction is not None and device_total is not None),
+        # a fraction in force, or set by the program mid-run: the collector has a limit to act at
+        candidate_confs(version, with_fraction=device_total is not None
+                        and (fraction is not None or bool(trace.limit_changes))),
         offer_release)
     grid += offered
     if not_offered:
