@@ -51,6 +51,7 @@ class DraftPrediction:
     draft: SimulationRow | None = None
     applied: SimulationRow | None = None  # None: the draft is what is applied
     problem: str | None = None
+    limit_bytes: int | None = None  # a memory fraction's cap, tighter than usable_bytes
 
     @property
     def fits(self) -> bool | None:
@@ -66,10 +67,11 @@ class DraftPrediction:
         head = f"Prediction from {self.source_label}"
         if self.problem is not None or self.draft is None:
             return [f"{head}: not available for this draft: {self.problem}"]
-        out = [f"{head}, with {_setting(self.draft_conf)}: {_said(self.draft, self.usable_bytes)}"]
+        of = _of(self.usable_bytes, self.limit_bytes)
+        out = [f"{head}, with {_setting(self.draft_conf)}: {_said(self.draft, of)}"]
         if self.applied is not None:
             out.append(f"Applied now, with {_setting(self.applied_conf)}: "
-                       f"{_said(self.applied, self.usable_bytes)}")
+                       f"{_said(self.applied, of)}")
             out.append(_compared(self.draft, self.applied))
         if self.estimate:
             out.append("A dry run misses some library workspaces: treat a margin under ~10 % "
@@ -89,10 +91,17 @@ def _handler_decides(row: SimulationRow) -> bool:
     return row.result.handler_decides  # an OOM the recording did not have, in a program that catches them
 
 
-def _said(row: SimulationRow, usable: int | None) -> str:
+def _of(usable: int | None, limit: int | None) -> str:
+    """What the peak is measured against: the memory fraction's cap where it binds (the OOM
+    card says "of a 4.00 GiB limit"), else the device memory left to PyTorch."""
+    if limit:
+        return f" of a {format_bytes(limit)} limit (the memory fraction)"
+    return f" of {format_bytes(usable)} usable" if usable else ""
+
+
+def _said(row: SimulationRow, of: str) -> str:
     result = row.result
     peak = result.peak_reserved_text()
-    of = f" of {format_bytes(usable)} usable" if usable else ""
     if result.oom is not None:
         failed = format_bytes(result.oom.requested_bytes)
         if _fatal(row):
@@ -165,4 +174,5 @@ def _replay(source: TraceSource, trace: Trace, draft_conf: str, applied_conf: st
     confs = (draft_conf,) if same else (draft_conf, applied_conf)
     report = simulate(source, SimulationRequest(confs=confs), trace=trace)
     return DraftPrediction(source.label, estimate, report.usable_bytes, draft_conf, applied_conf,
-                           draft=report.rows[0], applied=None if same else report.rows[1])
+                           draft=report.rows[0], applied=None if same else report.rows[1],
+                           limit_bytes=report.limit_bytes)

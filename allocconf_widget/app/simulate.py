@@ -343,6 +343,8 @@ class SimulationReport:
     #: the device memory the replay let the step use (total less the memory outside PyTorch,
     #: as given or estimated); None: the device's capacity is unknown
     usable_bytes: int | None = None
+    #: the memory fraction's cap on reserved memory, where it is tighter than ``usable_bytes``
+    limit_bytes: int | None = None
 
     @property
     def current(self) -> SimulationRow | None:
@@ -440,9 +442,12 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
         notes.append(f"the trace is partial: {trace.unknown_frees:,} frees of memory allocated before "
                      "it began (ring buffer full); predictions cover only the recorded window")
     usable = device_total - non_pytorch if device_total is not None else None
+    limit = int(fraction * device_total) if fraction is not None and device_total is not None else None
     head = SimulationReport(source.label, trace.describe(), trace.num_events, version, device_total,
                             fidelity=None, rows=(), ranked=False, start_state=start_state,
-                            version_note=version_note, usable_bytes=usable)
+                            version_note=version_note, usable_bytes=usable,
+                            limit_bytes=limit if limit is not None and (usable is None or limit < usable)
+                            else None)
     if request.rank:
         return _ranked(head, trace, request, recorded, version, notes, device_total=device_total,
                        non_pytorch=non_pytorch, fraction=fraction, as_recorded=as_recorded)

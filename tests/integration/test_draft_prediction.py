@@ -204,3 +204,21 @@ def test_a_program_that_catches_its_ooms_is_never_called_dead(session, panel, tm
     assert "#8a6d00" in shown and "runs out of memory" not in shown and "; fits." not in shown
     _stage(session, "max_split_size_mb:256")  # any draft beside the applied settings (torch 1.13 too)
     assert "Not comparable past the first OOM the recording did not have" in panel.prediction.value
+
+
+def test_under_a_memory_fraction_the_peak_is_measured_against_its_limit(session, panel, tmp_path):
+    """The finder recorded under a 3 GiB fraction of an H200: the Settings tab measures the
+    peak against that limit (it said "of 138.67 GiB usable", the whole card)."""
+    import json
+
+    from allocconf_widget.core.units import format_bytes
+
+    recording = _batch_finder(tmp_path, 3 * GIB)
+    meta = json.loads((tmp_path / "batchfind__default_f3g.json").read_text())
+    recording.device_total, recording.free_at_start = meta["device_total_bytes"], meta["free_at_start_bytes"]
+    recording.fraction = meta["fraction"]
+    session.set_recording(recording)
+    shown = panel.prediction.value
+    limit = format_bytes(int(meta["fraction"] * meta["device_total_bytes"]))
+    assert f"of a {limit} limit (the memory fraction)" in shown, shown
+    assert "usable" not in shown
