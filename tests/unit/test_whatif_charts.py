@@ -42,10 +42,38 @@ def test_labels_are_whole_and_the_chart_grows_to_hold_them():
     from allocconf_widget.views.widgets.whatif import bars_svg, overlay_svg
 
     long = "backend:cudaMallocAsync,expandable_segments:True,garbage_collection_threshold:0.6"
-    runs = [(long, [0.0, 1.0], [1.0, 2.0], 2.0, False),
-            ("(torch defaults)", [0.0, 1.0], [1.0, 3.0], 3.0, True)]
+    runs = [(long, [0.0, 1.0], [1.0, 2.0], 2.0, False, 2.0, 2.0),
+            ("(torch defaults)", [0.0, 1.0], [1.0, 3.0], 3.0, True, 3.0, 3.0)]
     bars, lines = bars_svg(runs), overlay_svg(runs)
     assert long in _texts(bars) and f"— {long}" in _texts(lines)
     for svg in (bars, lines):
         width = int(re.search(r"width='(\d+)'", svg).group(1))
         assert width >= 7 * len(long)
+
+
+def test_a_peak_that_depends_on_gpu_timing_is_drawn_as_its_range(tmp_path):
+    """A two-stream H200 recording (``streams2``): the rows say "802.00 MiB (662.00 MiB–882.00
+    MiB by GPU timing)"; the bars now say the same and draw a whisker over the range, and the
+    overlay's axis reaches the range's top (it stopped at the highest point peak)."""
+    import tarfile
+    from pathlib import Path
+
+    from allocconf_widget.app.simulate import SimulationRequest, file_source, simulate
+    from allocconf_widget.core.units import format_bytes
+    from allocconf_widget.views.widgets.whatif import _runs, bars_svg, overlay_svg
+
+    archive = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "streams2.tar.xz"
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path, members=[m for m in tar.getmembers() if "streams2__default." in m.name],
+                       filter="data")
+    report = simulate(file_source(str(tmp_path / "streams2__default.pickle")),
+                      SimulationRequest(rank=True, workers=1))
+    ranged = [row for row in report.rows[:6] if row.result.timing_dependent]
+    assert ranged
+    runs = _runs(report)
+    bars = bars_svg(runs)
+    for row in ranged:
+        assert row.result.peak_reserved_text() in _texts(bars)
+    assert bars.count("by GPU timing</title>") == len(ranged)
+    top = max(r[6] for r in runs)
+    assert _texts(overlay_svg(runs))[0] == format_bytes(int(top))

@@ -227,6 +227,20 @@ class ConfigRun(NamedTuple):
     ys: Sequence[float]
     peak: float
     oom: bool
+    low: float | None = None  # the peak's range by GPU timing (record_stream frees); None: a point
+    high: float | None = None
+
+    @property
+    def top(self) -> float:
+        """The highest the peak can be: the range's top where it is a range."""
+        return max(self.peak, self.high or 0.0)
+
+    def peak_text(self) -> str:
+        """The peak as every view says it, with its range where GPU timing moves it."""
+        text = format_bytes(int(self.peak))
+        if self.low is not None and self.high is not None and self.low != self.high:
+            text += f" ({format_bytes(int(self.low))}–{format_bytes(int(self.high))} by GPU timing)"
+        return text
 
 
 def peak_bar_chart(runs: Sequence[ConfigRun | tuple[Any, ...]], *, title: str | None = None,
@@ -234,12 +248,17 @@ def peak_bar_chart(runs: Sequence[ConfigRun | tuple[Any, ...]], *, title: str | 
     """Bars of peak reserved memory per configuration; OOM runs in red, device size as a line."""
     go = _go()
     items = [ConfigRun(*r) for r in runs]
-    factor, unit = byte_unit(max([r.peak for r in items] + [device_total or 0, 1]))
+    factor, unit = byte_unit(max([r.top for r in items] + [device_total or 0, 1]))
     fig = go.Figure(go.Bar(
         x=[r.label for r in items],
         y=[round(r.peak / factor, 3) for r in items],
         marker={"color": [COLORS["oom"] if r.oom else COLORS["reserved"] for r in items]},
-        text=[("OOM " if r.oom else "") + format_bytes(r.peak) for r in items],
+        # the range by GPU timing as a whisker, where a peak is a range
+        error_y={"type": "data", "symmetric": False, "color": "#333",
+                 "array": [round((r.top - r.peak) / factor, 3) for r in items],
+                 "arrayminus": [round((r.peak - (r.low if r.low is not None else r.peak)) / factor, 3)
+                                for r in items]},
+        text=[("OOM " if r.oom else "") + r.peak_text() for r in items],
         textposition="outside",
         hovertemplate="%{x}: %{y:.2f} " + unit + "<extra></extra>",
     ))
@@ -257,7 +276,7 @@ def reserved_overlay_chart(runs: Sequence[ConfigRun | tuple[Any, ...]], *, title
     """Reserved memory over time, one line per configuration; an ✕ where a run ran out of memory."""
     go = _go()
     items = [ConfigRun(*r) for r in runs]
-    factor, unit = byte_unit(max([r.peak for r in items] + [max(r.ys, default=0) for r in items] + [1]))
+    factor, unit = byte_unit(max([r.top for r in items] + [max(r.ys, default=0) for r in items] + [1]))
     fig = go.Figure()
     for run in items:
         fig.add_trace(go.Scatter(x=list(run.xs), y=_round(list(run.ys), factor), mode="lines",

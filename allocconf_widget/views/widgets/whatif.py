@@ -49,7 +49,8 @@ from allocconf_widget.core.units import format_bytes
 from allocconf_widget.views.charts.style import COLORS
 from allocconf_widget.views.text.dryrun import estimate_beside, estimate_verdict
 
-Run = tuple[str, list[float], list[float], float, bool]  # label, x, reserved, peak, OOM
+#: label, x, reserved, peak, OOM, and the peak's (low, high) by GPU timing
+Run = tuple[str, list[float], list[float], float, bool, float, float]
 
 
 def _runs(report: SimulationReport, limit: int = 6) -> list[Run]:
@@ -63,9 +64,11 @@ def _runs(report: SimulationReport, limit: int = 6) -> list[Run]:
     for row in shown:
         series = row.result.series
         label = row.shown_conf + (" (this kernel)" if row.is_current else "")
+        low, high = row.result.reserved_range
         runs.append((label, [float(i) for i in series.event_index],
                      [float(v) for v in series.reserved_bytes], float(row.result.peak_reserved_bytes),
-                     row.result.oom is not None and row.result.oom_fatal))  # a caught OOM is no death
+                     row.result.oom is not None and row.result.oom_fatal,  # a caught OOM is no death
+                     float(low), float(high)))
     return runs
 
 
@@ -74,28 +77,41 @@ def _runs(report: SimulationReport, limit: int = 6) -> list[Run]:
 _CHAR_PX = 7.0
 
 
-def bars_svg(runs: list[tuple[str, list[float], list[float], float, bool]], width: int = 640) -> str:
+def bars_svg(runs: list[Run], width: int = 640) -> str:
     """Horizontal bars of peak reserved memory per configuration, as inline SVG.
 
     Each label is written whole on its own line above its bar (a setting string cut short
-    reads as another setting); the chart grows wider when a label needs it.
+    reads as another setting); the chart grows wider when a label needs it. Where GPU timing
+    moves a peak, a whisker spans its range and the value says it, as the tables do.
     """
-    top = max([r[3] for r in runs] + [1.0])
-    label_h, bar_h, gap, value_w = 14, 14, 6, 110
+    from allocconf_widget.views.charts.figures import ConfigRun
+
+    items = [ConfigRun(*r) for r in runs]
+    top = max([r.top for r in items] + [1.0])
+    texts = [("OOM " if r.oom else "") + r.peak_text() for r in items]
+    label_h, bar_h, gap = 14, 14, 6
+    value_w = int(max([len(t) for t in texts] + [12]) * _CHAR_PX) + 8
     row = label_h + bar_h + gap
-    width = max(width, int(max([len(r[0]) for r in runs] + [0]) * _CHAR_PX) + 20)
-    height = row * len(runs) + 6
+    width = max(width, int(max([len(r.label) for r in items] + [0]) * _CHAR_PX) + 20, value_w + 200)
+    height = row * len(items) + 6
+    scale = (width - 10 - value_w) / top
     parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
              "style='font:11px sans-serif'>"]
-    for i, (label, _xs, _ys, peak, oom) in enumerate(runs):
+    for i, (run, text) in enumerate(zip(items, texts, strict=True)):
         y = 4 + i * row
-        bar = max(1.0, (width - 10 - value_w) * peak / top)
-        color = COLORS["oom"] if oom else COLORS["reserved"]
-        parts.append(f"<text x='4' y='{y + 11}'>{html.escape(label)}</text>")
+        bar = max(1.0, scale * run.peak)
+        color = COLORS["oom"] if run.oom else COLORS["reserved"]
+        parts.append(f"<text x='4' y='{y + 11}'>{html.escape(run.label)}</text>")
         parts.append(f"<rect x='4' y='{y + label_h}' width='{bar:.1f}' height='{bar_h}' "
                      f"fill='{color}'/>")
-        parts.append(f"<text x='{4 + bar + 4:.1f}' y='{y + label_h + 11}'>"
-                     f"{'OOM ' if oom else ''}{format_bytes(int(peak))}</text>")
+        end = 4 + bar
+        if run.low is not None and run.high is not None and run.low != run.high:
+            x0, x1, mid = 4 + scale * run.low, 4 + scale * run.high, y + label_h + bar_h / 2
+            parts.append(f"<path d='M{x0:.1f},{mid - 4:.1f}v8M{x0:.1f},{mid:.1f}H{x1:.1f}"
+                         f"M{x1:.1f},{mid - 4:.1f}v8' stroke='#333' stroke-width='1.5' fill='none'>"
+                         "<title>the peak's range by GPU timing</title></path>")
+            end = max(end, x1)
+        parts.append(f"<text x='{end + 4:.1f}' y='{y + label_h + 11}'>{html.escape(text)}</text>")
     parts.append("</svg>")
     return "".join(parts)
 
@@ -103,21 +119,21 @@ def bars_svg(runs: list[tuple[str, list[float], list[float], float, bool]], widt
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2")
 
 
-def overlay_svg(runs: list[tuple[str, list[float], list[float], float, bool]],
-                width: int = 640, height: int = 220) -> str:
-    """Reserved memory over the replay, one polyline per configuration, as inline SVG."""
+def overlay_svg(runs: list[Run], width: int = 640, height: int = 220) -> str:
+    """Reserved memory over the replay, one polyline per configuration, as inline SVG; the
+    axis reaches the highest peak any GPU timing allows."""
     x_max = max([max(r[1], default=0.0) for r in runs] + [1.0])
-    y_max = max([r[3] for r in runs] + [1.0])
+    y_max = max([max(r[3], r[6]) for r in runs] + [max(r[2], default=0.0) for r in runs] + [1.0])
     left, bottom, legend_h = 60, 20, 16 * len(runs)
     plot_h = height - bottom - 10
-    legend = [f"— {label}{' (out of memory)' if oom else ''}" for label, _x, _y, _p, oom in runs]
+    legend = [f"— {r[0]}{' (out of memory)' if r[4] else ''}" for r in runs]
     width = max(width, int(max([len(t) for t in legend] + [0]) * _CHAR_PX) + left + 10)
     parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height + legend_h}' "
              "style='font:11px sans-serif'>",
              f"<text x='4' y='14'>{format_bytes(int(y_max))}</text>",
              f"<text x='4' y='{plot_h + 10}'>0</text>",
              f"<line x1='{left}' y1='{plot_h + 10}' x2='{width - 10}' y2='{plot_h + 10}' stroke='#999'/>"]
-    for i, (_label, xs, ys, _peak, _oom) in enumerate(runs):
+    for i, (_label, xs, ys, *_rest) in enumerate(runs):
         color = _PALETTE[i % len(_PALETTE)]
         points = " ".join(f"{left + (width - left - 10) * x / x_max:.1f},"
                           f"{10 + plot_h * (1 - y / y_max):.1f}" for x, y in zip(xs, ys, strict=False))
@@ -377,7 +393,7 @@ class WhatIfView:
             row.apply.tooltip = "this kernel runs these settings" if row.apply.disabled else (
                 "see what changes, then confirm")
 
-    def _charts(self, runs: list[tuple[str, list[float], list[float], float, bool]]) -> list[Any]:
+    def _charts(self, runs: list[Run]) -> list[Any]:
         import ipywidgets as W
 
         if self.renderer == "figurewidget":  # opt-in: seconds on first use (see the module doc)
