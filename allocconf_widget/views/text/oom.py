@@ -24,8 +24,17 @@ _NO_SETTING_LABELS = {
 }
 
 
-def advice_action(item: Advice) -> str:
-    """What a rule of thumb asks the user to do, as the magic would type it."""
+def advice_action(item: Advice, recommendation: OomRecommendation | None = None) -> str:
+    """What a rule of thumb asks the user to do, as the magic would type it.
+
+    A rule that the replay's verdict agrees with points to the verdict's own Apply, the one
+    way to apply a candidate: typing ``set`` then ``apply`` would keep the other options in
+    force, a combination the replay never tried.
+    """
+    replayed = recommendation is not None and recommendation.by_replay and recommendation.conf
+    if item.conf_change and replayed and item.conf_change in str(replayed).split(","):
+        return (f"set {item.conf_change}, as the verdict does: apply its winner ({replayed}) with "
+                "its Apply or %allocconf flight apply, which sets exactly what was replayed")
     if item.conf_change:
         key, _, value = item.conf_change.partition(":")
         return f"set {item.conf_change} (%allocconf set {key}={value}, then %allocconf apply)"
@@ -57,7 +66,7 @@ def report_text(report: OomReport, recommendation: OomRecommendation | None = No
     if report.advice:
         lines.append(f"{advice_heading(recommendation).lower()}:")
         for item in report.advice:
-            lines.append(f"  - {advice_action(item)}: {item.reason}")
+            lines.append(f"  - {advice_action(item, recommendation)}: {item.reason}")
     elif report.info is None:
         lines.append("the message did not contain torch's usual numbers; see the traceback above")
     return "\n".join(lines)

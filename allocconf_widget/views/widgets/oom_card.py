@@ -57,7 +57,8 @@ def report_html(report: OomReport, recommendation: OomRecommendation | None = No
         muted = " style='color:#777'"
         items = "".join(
             f"<li{'' if agree.get(a, True) else muted}>"
-            f"<b>{escape(advice_action(a))}</b>: {escape(a.reason)}</li>" for a in report.advice)
+            f"<b>{escape(advice_action(a, recommendation))}</b>: {escape(a.reason)}</li>"
+            for a in report.advice)
         parts.append(f"<div class='allocconf-oom-advice-heading'>{escape(advice_heading(recommendation))}:"
                      f"</div><ul style='margin-top:2px'>{items}</ul>")
     return f'<div class="allocconf-oom-report">{"".join(parts)}</div>'

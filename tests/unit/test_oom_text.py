@@ -1,0 +1,19 @@
+"""The OOM card's words for its rules of thumb (views/text/oom.py), beside a replay verdict."""
+
+from __future__ import annotations
+
+
+def test_a_rule_the_verdict_replayed_points_to_the_verdicts_apply():
+    """One way to apply a candidate: a rule of thumb the replay's winner agrees with says to
+    apply that winner (which sets exactly what was replayed), not to ``set`` it on top of the
+    options in force (a combination the replay never tried)."""
+    from allocconf_widget.app.oom import OomRecommendation
+    from allocconf_widget.core.memory.oom import Advice
+    from allocconf_widget.views.text.oom import advice_action
+
+    rule = Advice("fragmentation", "expandable_segments:True", "1.2 GiB reserved but unallocated")
+    by_replay = OomRecommendation("expandable_segments:True", True, ((rule, True),))
+    said = advice_action(rule, by_replay)
+    assert "flight apply" in said and "%allocconf set" not in said
+    by_rules = OomRecommendation("expandable_segments:True", False, ((rule, True),))
+    assert "%allocconf set expandable_segments=True, then %allocconf apply" in advice_action(rule, by_rules)
