@@ -89,7 +89,7 @@ def test_a_new_oom_after_a_caught_one_is_the_handlers_in_every_view() -> None:
     # the OOM the row names is the one the replay stopped at, not the recorded one before it
     assert result.oom is not None and not result.oom.recorded and result.oom.requested_bytes == 36 * MiB
     assert result.stopped_early and result.handler_decides and not result.oom_fatal
-    assert result.oom_verdict() == "yes, caught by the program's handler"
+    assert result.oom_verdict() == "yes; the program catches it and its handler decides what follows"
 
 
 def test_a_program_that_dies_of_its_oom_is_still_told_so() -> None:

@@ -279,11 +279,11 @@ class SimResult:
             # stopped at an OOM the recording did not have (even after replaying a caught one
             # it had): the handler decides, as every other view says (handler_decides)
             if self.handler_decides or not self.oom.recorded:
-                return "yes, caught by the program's handler"
+                return "yes; the program catches it and its handler decides what follows"
             return "caught, as recorded"
-        if self.fidelity is not None and self.fidelity.confident:
-            return "no"
-        return "no (unverified: see the self-check)"
+        said = "no" if self.fidelity is not None and self.fidelity.confident else \
+            "no (unverified: see the self-check)"
+        return said + ("; the latest GPU timing runs out" if self.timing_oom else "")
 
     def with_fidelity(self, fidelity: Fidelity | None) -> SimResult:
         """Copy carrying a self-check result beside the prediction."""

@@ -24,8 +24,7 @@ def _oom_cell(row: SimulationRow) -> str:
     result = row.result
     oom = result.oom
     if oom is None:
-        text = result.oom_verdict()  # "no" only beside a confident self-check
-        return text + ("; the latest GPU timing runs out" if result.timing_oom else "")
+        return result.oom_verdict()  # "no" only beside a confident self-check, as --json says
     if not result.oom_fatal:  # a program that catches its OOMs: never a dead run
         if not result.handler_decides:
             return f"caught at event {oom.event_index:,}, as recorded"
