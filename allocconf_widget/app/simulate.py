@@ -18,7 +18,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
-from allocconf_widget._errors import AllocConfError
+from allocconf_widget._errors import AllocConfError, printable
 from allocconf_widget.core.versions import TorchVersion, installed_torch_version, simulated_release
 
 if TYPE_CHECKING:
@@ -83,8 +83,11 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
     label = path
     from allocconf_widget.core.dryrun_facts import GAPS, LABEL, SNAPSHOT_MARK
 
-    if isinstance(snapshot.get(SNAPSHOT_MARK), dict):  # written by app/dryrun: an estimate
-        label = f"{path} ({LABEL})"
+    mark = snapshot.get(SNAPSHOT_MARK)
+    if isinstance(mark, dict):  # written by app/dryrun: an estimate, named as the session names it
+        gpu = mark.get("gpu_name")
+        on = f" of a step on {printable(gpu, 60)}" if isinstance(gpu, str) and gpu else ""
+        label = f"{path} (a {LABEL}{on})"
         notes.extend(GAPS)
     return TraceSource(snapshot, label, torch_version, device_total, non_pytorch_bytes, device,
                        tuple(notes))
@@ -155,6 +158,7 @@ class RecordingHolder(Protocol):
 
 
 RECORDING_LABEL = "the last %%allocconf record"
+BUNDLED_LABEL = "the bundled H200 recording"
 
 
 def source_label(session: RecordingHolder) -> str:
@@ -166,7 +170,7 @@ def source_label(session: RecordingHolder) -> str:
         return RECORDING_LABEL
     if kind == "dryrun" and dry is not None:
         return dry.label
-    return "the bundled H200 recording (no %%allocconf record or dry run in this session yet)"
+    return f"{BUNDLED_LABEL} (no %%allocconf record or dry run in this session yet)"
 
 
 def trace_source(session: RecordingHolder, path: str | None = None, demo: bool = False) -> TraceSource:
@@ -191,7 +195,7 @@ def trace_source(session: RecordingHolder, path: str | None = None, demo: bool =
     from allocconf_widget.core.memory.recording import load_demo
 
     demo_rec = load_demo()
-    return TraceSource(demo_rec.snapshot(), f"the bundled recording ({demo_rec.description})",
+    return TraceSource(demo_rec.snapshot(), f"{BUNDLED_LABEL} ({demo_rec.description})",
                        recorded_release(demo_rec.torch_version), demo_rec.device_total_bytes,
                        demo_rec.non_pytorch_bytes or 0)
 

@@ -395,3 +395,12 @@ def test_a_bad_save_path_is_said_before_the_cell_runs_and_keeps_the_dry_run(ip, 
         assert get_session(ip).dry_run is kept
     out = capsys.readouterr().out
     assert "A dry run" not in out and "loss" not in out, out  # the cell never ran
+
+
+def test_a_saved_dry_run_is_named_by_the_cli_as_the_session_names_it(ip, capsys, tmp_path):
+    from allocconf_widget.app.simulate import file_source
+
+    path = tmp_path / "step.pickle"
+    ip.run_cell_magic("allocconf", f"dryrun --gpu t4 --save {path}", CELL)
+    label = file_source(str(path)).label
+    assert label.startswith(str(path)) and "dry run (estimate) of a step on Tesla T4" in label, label

@@ -95,7 +95,7 @@ def test_colab_notebook_runs_clean_without_a_gpu(tmp_path, monkeypatch):
     text = "\n".join(out.get("text", "") or out.get("data", {}).get("text/plain", "")
                      for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs)
     assert "not recording" in text and "needs a CUDA GPU" in text  # the cell ran, and says so
-    assert "bundled recording" in text  # and the what-if falls back to the bundled recording
+    assert "bundled H200 recording" in text  # and the what-if falls back to the bundled recording
 
 
 def test_the_demo_environment_has_what_torch_warns_without():

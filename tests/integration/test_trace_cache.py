@@ -34,5 +34,5 @@ def test_a_new_recording_at_the_same_address_is_decoded_again():
 def test_without_a_recording_the_bundled_one_is_used_and_kept():
     session = Session()
     source, trace = session.trace_cache.get(session)
-    assert source.label.startswith("the bundled recording")
+    assert source.label.startswith("the bundled H200 recording")
     assert session.trace_cache.get(session)[1] is trace

@@ -42,6 +42,10 @@ def _peak_cell(row: SimulationRow) -> str:
 def _header_lines(report: SimulationReport) -> list[str]:
     fid = report.fidelity
     device = format_bytes(report.device_total) if report.device_total is not None else "unlimited"
+    if report.usable_bytes is not None and report.usable_bytes != report.device_total:
+        device += f" ({format_bytes(report.usable_bytes)} usable by PyTorch)"  # as the dry run says
+    if report.limit_bytes is not None:
+        device += f", a memory fraction's limit of {format_bytes(report.limit_bytes)}"
     lines = [
         f"trace: {report.source_label} — {report.trace_summary}",
         f"torch {report.torch_version}; device: {device}",
