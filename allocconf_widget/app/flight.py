@@ -86,6 +86,8 @@ class VerdictOption:
     avoids_oom: bool
     peak_reserved: int
     reason: str
+    #: the peak as every view says it: with its range where GPU timing moves it
+    peak_text: str = ""
 
     @property
     def shown_conf(self) -> str:
@@ -141,7 +143,7 @@ class Verdict:
         limit = f" of a {format_bytes(self.limit)} limit" if self.limit else ""
         if option.avoids_oom:
             return (f"under {option.shown_conf} the peak would have been "
-                    f"{format_bytes(option.peak_reserved)}{limit}: no OOM")
+                    f"{option.peak_text or format_bytes(option.peak_reserved)}{limit}: no OOM")
         return f"under {option.shown_conf}: still out of memory ({option.reason})"
 
     def lines(self) -> list[str]:
@@ -186,8 +188,12 @@ def verdict(capture: OomCapture, kernel: AllocConf | None = None) -> Verdict:
     for row in report.rows:
         if row is recorded:
             continue
-        option = VerdictOption(row.conf, row.result.oom is None, row.result.peak_reserved_bytes,
-                               row.reason or "")
+        # a setting that avoids the OOM only in some GPU timings (the latest runs out) is no cure
+        option = VerdictOption(row.conf, row.result.oom is None and not row.result.timing_oom,
+                               row.result.peak_reserved_bytes,
+                               row.reason or ("the latest GPU timing runs out of memory"
+                                              if row.result.timing_oom else ""),
+                               row.result.peak_reserved_text())
         if row.is_current and option.avoids_oom and reproduced:
             current = option
             continue

@@ -17,3 +17,13 @@ def test_a_rule_the_verdict_replayed_points_to_the_verdicts_apply():
     assert "flight apply" in said and "%allocconf set" not in said
     by_rules = OomRecommendation("expandable_segments:True", False, ((rule, True),))
     assert "%allocconf set expandable_segments=True, then %allocconf apply" in advice_action(rule, by_rules)
+
+
+def test_the_verdict_says_a_winners_peak_with_its_range_by_gpu_timing():
+    from allocconf_widget.app.flight import Verdict, VerdictOption
+
+    ranged = VerdictOption("expandable_segments:True", True, 3 << 30, "",
+                           "3.00 GiB (2.50 GiB–3.50 GiB by GPU timing)")
+    verdict = Verdict(limit=4 << 30, allocated_at_oom=1 << 30, winners=(ranged,), losers=(),
+                      sureness="exact", events=10)
+    assert "3.00 GiB (2.50 GiB–3.50 GiB by GPU timing) of a 4.00 GiB limit: no OOM" in verdict.option_line(ranged)
