@@ -26,4 +26,5 @@ def test_the_verdict_says_a_winners_peak_with_its_range_by_gpu_timing():
                            "3.00 GiB (2.50 GiB–3.50 GiB by GPU timing)")
     verdict = Verdict(limit=4 << 30, allocated_at_oom=1 << 30, winners=(ranged,), losers=(),
                       sureness="exact", events=10)
-    assert "3.00 GiB (2.50 GiB–3.50 GiB by GPU timing) of a 4.00 GiB limit: no OOM" in verdict.option_line(ranged)
+    said = verdict.option_line(ranged)
+    assert "3.00 GiB (2.50 GiB–3.50 GiB by GPU timing) of a 4.00 GiB limit: no OOM" in said
