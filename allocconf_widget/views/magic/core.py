@@ -175,8 +175,12 @@ def _report_staged(session: Session, staged: AllocConf) -> None:
               "set in the environment: torch will read it when CUDA starts "
               "(%allocconf apply also saves it for kernel restarts).")
     else:
-        print(f"Staged: {staged.to_string() or '(torch defaults)'}")
-        for plan in session.preview():
+        # the plans say what apply *would* do: "applied now" read as done (a GPU test believed it)
+        print(f"Staged, not applied yet: {staged.to_string() or '(torch defaults)'}")
+        plans = session.preview()
+        if plans:
+            print("What %allocconf apply would do:")
+        for plan in plans:
             print(f"  {plan}")
         print("Run %allocconf apply to apply it.")
     prediction = predict_staged(session)  # only once the user's step was recorded or dry-run

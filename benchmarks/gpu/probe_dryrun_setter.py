@@ -1,0 +1,80 @@
+"""Does a setting applied after a dry run (before CUDA starts) take effect? Each scenario a fresh process.
+
+A GPU test (tests/gpu/test_dryrun_then_train_gpu.py) found ``%allocconf set
+expandable_segments=True`` after a ``%%allocconf dryrun`` reported "applied now (through torch's
+runtime setter)" while the real run then made no expandable segment. The scenarios separate
+the dry run, the magic and torch's setter. Usage: ``python benchmarks/gpu/probe_dryrun_setter.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HEAD = """
+import json, os, sys
+import torch
+out = {}
+def check(tag):
+    x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    snap = torch.cuda.memory._snapshot()
+    out[tag] = {"readback": snap["allocator_settings"].get("expandable_segments"),
+                "expandable_segment": any(s.get("is_expandable") for s in snap["segments"])}
+"""
+DRY = """
+import allocconf_widget
+with allocconf_widget.dry_run("h200") as run:
+{body}
+out["initialized_after_dry_run"] = torch.cuda.is_initialized()
+"""
+TINY = "    x = torch.empty(1 << 20, device='cuda')"
+STEP = """    m = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.BatchNorm1d(256)).to("cuda")
+    opt = torch.optim.AdamW(m.parameters())
+    m(torch.randn(32, 256, device="cuda")).sum().backward(); opt.step()"""
+SETTER = """
+torch._C._accelerator_setAllocatorSettings("expandable_segments:True")
+"""
+MAGIC = """
+from IPython.testing.globalipapp import start_ipython
+ip = start_ipython()
+ip.run_line_magic("load_ext", "allocconf_widget")
+"""
+MAGIC_DRY = """
+ip.run_cell_magic("allocconf", "dryrun", {cell!r})
+out["initialized_after_dry_run"] = torch.cuda.is_initialized()
+"""
+MAGIC_SET = """
+ip.run_line_magic("allocconf", "set expandable_segments=True")
+ip.run_line_magic("allocconf", "apply")
+"""
+
+SCENARIOS = {
+    "setter_alone": HEAD + SETTER + "check('after')",
+    "tiny_dry_then_setter": HEAD + DRY.format(body=TINY) + SETTER + "check('after')",
+    "step_dry_then_setter": HEAD + DRY.format(body=STEP) + SETTER + "check('after')",
+    "magic_set_alone": HEAD + MAGIC + MAGIC_SET + "check('after')",
+    "magic_tiny_dry_then_set": (HEAD + MAGIC + MAGIC_DRY.format(cell=TINY.strip()) + MAGIC_SET
+                                + "check('after')"),
+    "magic_step_dry_then_set": HEAD + MAGIC + MAGIC_DRY.format(cell="\n".join(
+        line[4:] for line in STEP.splitlines())) + MAGIC_SET + "check('after')",
+}
+
+
+def main() -> None:
+    env = {k: v for k, v in os.environ.items() if "ALLOC_CONF" not in k}
+    env["XDG_CONFIG_HOME"] = tempfile.mkdtemp()
+    for name, body in SCENARIOS.items():
+        code = body + "\nprint('RESULT', json.dumps(out))\n"
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                              check=False, timeout=300)
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        print(json.dumps({"scenario": name, "rc": proc.returncode,
+                          "result": json.loads(line[7:]) if line else None,
+                          "stderr": None if line else proc.stderr[-1500:]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
