@@ -152,7 +152,8 @@ def main() -> None:
 CATCHERS = {"batchfind": "default_f3g", "batchgrow": "default_f3g"}
 #: workloads whose frees wait on other streams (record_stream): the default run's trace gives a
 #: peak range per setting, to hold every real run of that setting (repeats included)
-TIMING = {"streams", "streams2", "streams2alone", "streams3", "streams2idle", "prefetch", "d2h"}
+TIMING = {"streams", "streams2", "streams2alone", "streams3", "streams2idle", "prefetch", "d2h",
+          "buckets", "pipe2"}
 
 
 def _caught_rows(workload: str, by_name: dict[str, dict]) -> list[dict]:

@@ -203,6 +203,8 @@ def test_the_late_order_does_not_wait_for_an_address_the_recording_reused() -> N
     ("prefetch", 20, 19),  # a data loader's side-stream copies: one peak 0.7 % above its range
     ("streams2idle", 20, 19),  # no sync at all: one run's GPU lagged more than the recorded one's
     ("d2h", 15, 15),  # held out: written and recorded after the late order changed
+    ("buckets", 15, 15),  # held out (round 11): DDP-style gradient buckets on a comm stream
+    ("pipe2", 15, 15),  # held out (round 11): a two-stage inference pipeline over two streams
 ])
 def test_real_two_stream_peaks_lie_in_their_ranges(tmp_path: Path, workload: str, runs: int,
                                                    inside_at_least: int) -> None:
