@@ -583,33 +583,50 @@ class TorchDefaultsRestored:
     A dry-run cell that calls ``torch.set_default_device("cuda")`` (common at the top of a
     training script) left it in force: every later ``torch.zeros`` then raised on a CPU build,
     or, on a GPU machine, started CUDA and froze the very allocator settings the dry run exists
-    to keep open. The default dtype and the CPU random generator (a model built in the cell
-    draws its initial weights from it) are restored too, so the real run after a dry run
-    computes what it would have computed without one.
+    to keep open; one that called ``torch.set_grad_enabled(False)`` left the next real training
+    cell without gradients. Restored: the default device and dtype, grad mode, anomaly
+    detection, deterministic algorithms, the float32 matmul precision, cuDNN's flags, and the
+    CPU random generator (a model built in the cell draws its initial weights from it), so the
+    real run after a dry run computes what it would have computed without one. None of these
+    reads or starts CUDA.
     """
 
     def __init__(self, torch: ModuleType) -> None:
         self._torch = torch
-        self._dtype: Any = None
+        self._saved: list[tuple[Any, Any]] = []  # (restore function, value)
         self._device: Any = None
-        self._rng: Any = None
 
     def __enter__(self) -> TorchDefaultsRestored:
         torch = self._torch
-        self._dtype = torch.get_default_dtype()
         self._device = _default_device_context(torch)
-        self._rng = torch.get_rng_state()
+        pairs: list[tuple[Any, Any]] = [
+            (torch.get_default_dtype, torch.set_default_dtype),
+            (torch.is_grad_enabled, torch.set_grad_enabled),
+            (torch.is_anomaly_enabled, torch.set_anomaly_enabled),
+            (torch.get_rng_state, torch.set_rng_state),
+        ]
+        if hasattr(torch, "are_deterministic_algorithms_enabled"):
+            pairs.append((lambda: (torch.are_deterministic_algorithms_enabled(),
+                                   torch.is_deterministic_algorithms_warn_only_enabled()),
+                          lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1])))
+        if hasattr(torch, "get_float32_matmul_precision"):
+            pairs.append((torch.get_float32_matmul_precision, torch.set_float32_matmul_precision))
+        cudnn = getattr(getattr(torch, "backends", None), "cudnn", None)
+        for flag in ("enabled", "benchmark", "deterministic"):
+            if cudnn is not None and hasattr(cudnn, flag):
+                pairs.append((lambda f=flag: getattr(cudnn, f),
+                              lambda v, f=flag: setattr(cudnn, f, v)))
+        self._saved = [(setter, getter()) for getter, setter in pairs]
         return self
 
     def __exit__(self, *exc: object) -> None:
         torch = self._torch
-        if torch.get_default_dtype() != self._dtype:
-            torch.set_default_dtype(self._dtype)
+        for setter, value in self._saved:
+            setter(value)
         # compared as torch's own context objects: ``get_default_device()`` resolves a "cuda"
         # default to an index, which starts CUDA (and raises on a CPU build)
         if _default_device_context(torch) is not self._device:
             torch.set_default_device(None if self._device is None else self._device.device)
-        torch.set_rng_state(self._rng)
 
 
 def _default_device_context(torch: ModuleType) -> Any:

@@ -56,6 +56,16 @@ def resolve_gpu(gpu: str | GpuProfile | None) -> tuple[GpuProfile, str | None]:
     return profile("t4"), "no GPU visible to NVML: predicting for a Tesla T4 (pass gpu= to choose)"
 
 
+def sidecar_path(target: Path) -> Path:
+    """Where a saved dry run's JSON sidecar goes: ``step.json`` beside ``step.pickle[.gz]``."""
+    name = target.name
+    for suffix in (".pickle.gz", ".pickle", ".gz"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return target.with_name(name + ".json")
+
+
 @dataclass(frozen=True)
 class DryRunCell:
     """The cell a dry run ran, as the batch planner re-runs it with each size."""
@@ -128,16 +138,17 @@ class DryRunResult:
         Raises:
             SnapshotError: the file cannot be written.
         """
+        from allocconf_widget._errors import SnapshotError
         from allocconf_widget.core.memory.snapshot import save_snapshot
+        from allocconf_widget.core.untrusted import NotRegularFileError, check_write_target
 
         target = Path(path)
+        sidecar = sidecar_path(target)
+        try:  # both paths before either file: a bad sidecar path replaced the pickle, then failed
+            check_write_target(sidecar)
+        except NotRegularFileError as exc:
+            raise SnapshotError(f"cannot write the sidecar {sidecar}: {exc}") from None
         save_snapshot(self.snapshot(), target)  # type: ignore[arg-type]
-        name = target.name
-        for suffix in (".pickle.gz", ".pickle", ".gz"):
-            if name.endswith(suffix):
-                name = name[: -len(suffix)]
-                break
-        sidecar = target.with_name(name + ".json")
         meta = {"workload": "dry run", "description": f"a {LABEL} for {self.gpu.name}",
                 "torch": self.trace.torch_version, "device_name": self.gpu.name,
                 "device_total_bytes": self.gpu.total_bytes,
@@ -148,8 +159,6 @@ class DryRunResult:
         try:  # as the snapshot is written: a link replaced, a FIFO or device refused
             replace_file_atomically(sidecar, json.dumps(meta, indent=1).encode("utf-8"))
         except OSError as exc:
-            from allocconf_widget._errors import SnapshotError
-
             raise SnapshotError(f"wrote {target} but not its sidecar {sidecar}: {exc}") from exc
         return target
 

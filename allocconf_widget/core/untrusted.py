@@ -18,8 +18,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import stat
-import tempfile
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -72,7 +72,7 @@ def too_large(what: str, limit_bytes: int) -> SnapshotError:
 #: gzip that expands further than this beyond :data:`_RATIO_FLOOR` is a bomb: torch's pickles
 #: compress 6- to 10-fold (docs/limits.md)
 MAX_GZIP_RATIO = 100
-_RATIO_FLOOR = 64 * MIB
+_RATIO_FLOOR = 16 * MIB
 _FIRST_FEED = 1024  # input bytes handed to zlib at first in each member, doubling up to 1 MiB
 #: gzip members (concatenated streams) accepted in one file: gzip writes one, ``cat`` a few
 MAX_GZIP_MEMBERS = 1000
@@ -80,7 +80,7 @@ MAX_GZIP_MEMBERS = 1000
 
 def gunzip_bounded(data: bytes, what: str, limit_bytes: int) -> bytes:
     """Decompress gzip ``data``, refusing to produce more than ``limit_bytes`` (a gzip bomb), or
-    more than :data:`MAX_GZIP_RATIO` times its size once past 64 MiB.
+    more than :data:`MAX_GZIP_RATIO` times its size once past 16 MiB.
 
     Linear in the input whatever its members: each member is fed to zlib in slices that
     start small and double, so neither a million tiny members nor one large one makes zlib
@@ -312,11 +312,15 @@ def replace_file_atomically(target: str | os.PathLike[str], payload: bytes) -> N
     """
     path = Path(target)
     mode = check_write_target(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # a new file gets what the user's umask allows, as open() would give (mkstemp's 0600 hid
+    # exports from the user's other tools; a fixed 0644 ignored a umask of 077); a file
+    # replaced keeps its permissions
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    tmp = str(path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, flags, 0o666)
     try:
-        # mkstemp's 0600 would hide an export from the user's other tools: a file replaced
-        # keeps its permissions, a new one gets the usual rw-r--r--
-        os.fchmod(fd, stat.S_IMODE(mode) if mode is not None and stat.S_ISREG(mode) else 0o644)
+        if mode is not None and stat.S_ISREG(mode):
+            os.fchmod(fd, stat.S_IMODE(mode))
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
         Path(tmp).replace(path)

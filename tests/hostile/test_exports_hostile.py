@@ -131,7 +131,7 @@ def test_a_save_onto_a_fifo_or_a_link_changes_nothing_there(tmp_path):
     link.symlink_to(notes)
     replace_file_atomically(link, b"{}")
     assert notes.read_text() == "my notes" and not link.is_symlink() and link.read_bytes() == b"{}"
-    assert stat.S_IMODE(link.stat().st_mode) == 0o644
+    assert stat.S_IMODE(link.stat().st_mode) == 0o666 & ~_umask()
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
@@ -145,3 +145,20 @@ def test_two_flight_exports_in_one_second_keep_both(tmp_path, monkeypatch):
     first, second = export_for_viewer(capture), export_for_viewer(capture)
     assert first.pickle != second.pickle and second.pickle.name.endswith("-2.pickle")
     assert first.pickle.stat().st_size > 0 and second.pickle.stat().st_size > 0
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+def test_a_new_file_gets_what_the_umask_allows(tmp_path):
+    from allocconf_widget.core.untrusted import replace_file_atomically
+
+    old = os.umask(0o077)
+    try:
+        replace_file_atomically(tmp_path / "private.pickle", b"x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "private.pickle").stat().st_mode) == 0o600

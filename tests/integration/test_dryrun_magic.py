@@ -372,6 +372,8 @@ def test_torch_defaults_a_cell_sets_are_put_back(ip, capsys):
         "layer = torch.nn.Linear(256, 256)",  # initial weights from the CPU generator
         "torch.set_default_device('cuda')",
         "torch.set_default_dtype(torch.float64)",
+        "torch.set_grad_enabled(False)",
+        "torch.backends.cudnn.benchmark = True",
         "with torch.no_grad():",
         "    y = layer.to('cuda')(torch.zeros(64, 256, dtype=torch.float32))",
     ]))
@@ -379,6 +381,7 @@ def test_torch_defaults_a_cell_sets_are_put_back(ip, capsys):
     after = torch.zeros(2)
     assert after.device.type == "cpu" and after.dtype == torch.float32
     assert torch.equal(torch.get_rng_state(), rng_before)
+    assert torch.is_grad_enabled() and torch.backends.cudnn.benchmark is False
 
 
 def test_a_bad_save_path_is_said_before_the_cell_runs_and_keeps_the_dry_run(ip, capsys, tmp_path):
@@ -404,3 +407,15 @@ def test_a_saved_dry_run_is_named_by_the_cli_as_the_session_names_it(ip, capsys,
     ip.run_cell_magic("allocconf", f"dryrun --gpu t4 --save {path}", CELL)
     label = file_source(str(path)).label
     assert label.startswith(str(path)) and "dry run (estimate) of a step on Tesla T4" in label, label
+
+
+def test_a_bad_sidecar_path_is_said_before_the_cell_runs_and_keeps_the_old_pickle(ip, capsys, tmp_path):
+    import os
+
+    old = tmp_path / "step.pickle"
+    old.write_bytes(b"an older snapshot")
+    os.mkfifo(tmp_path / "step.json")
+    with pytest.raises(UsageError, match=r"step\.json"):
+        ip.run_cell_magic("allocconf", f"dryrun --save {old}", CELL)
+    assert old.read_bytes() == b"an older snapshot"
+    assert "A dry run" not in capsys.readouterr().out

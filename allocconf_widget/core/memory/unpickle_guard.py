@@ -17,8 +17,11 @@ parent takes the child's verdict instead of checking again, so the guard costs a
 fork (about 15 ms) on an honest file.
 
 The memory budget is :data:`BUDGET_BASE` plus :data:`BUDGET_PER_BYTE` times the pickle's
-size: torch's snapshots took 6 to 9 times their size once unpickled (docs/limits.md). The CPU
-budget is generous in the same way. Where processes cannot fork (not Linux, or the fork
+size: torch's snapshots took 6 to 9 times their size once unpickled (docs/limits.md). The
+unpickle's CPU budget is tight (the parent repeats what the child was allowed: a 68-byte
+pickle whose dict key hashes for seconds made both spend 9 s); the checks after it get more.
+Files over :data:`OVERLAP_MAX_BYTES` are unpickled by the parent only after the child's
+checks, so an honest file never has two copies at once. Where processes cannot fork (not Linux, or the fork
 fails), the parent unpickles and checks in process, as before.
 
 Standard library only.
@@ -36,13 +39,21 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from allocconf_widget._errors import SnapshotError, printable
+from allocconf_widget._errors import SnapshotError
 from allocconf_widget.core.units import MIB, format_bytes
 
 BUDGET_BASE = 256 * MIB
 BUDGET_PER_BYTE = 16
-CPU_BASE_S = 10
-CPU_PER_MIB_S = 0.25
+#: CPU for the unpickle itself: honest pickles unpickle at about 0.01 s per MiB, and the
+#: parent repeats whatever the child was allowed, so this bound is the parent's too
+UNPICKLE_CPU_BASE_S = 1.0
+UNPICKLE_CPU_PER_MIB_S = 0.05
+#: CPU for the checks after it (Python-level walks: up to 0.12 s per MiB with frames)
+CHECK_CPU_BASE_S = 10.0
+CHECK_CPU_PER_MIB_S = 0.5
+#: up to this size the parent unpickles while the child checks (two copies at once for a
+#: moment); above it, one after the other, so an honest file's peak memory is one copy
+OVERLAP_MAX_BYTES = 64 * MIB
 _UNPICKLED, _CHECKED, _FAILED = b"U", b"C", b"E"
 _CRASHES = {signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE}
 
@@ -52,9 +63,14 @@ def memory_budget(size: int) -> int:
     return BUDGET_BASE + BUDGET_PER_BYTE * size
 
 
-def cpu_budget(size: int) -> int:
-    """CPU seconds the child may use to unpickle and check ``size`` bytes."""
-    return int(CPU_BASE_S + CPU_PER_MIB_S * size / MIB) + 1
+def unpickle_cpu(size: int) -> int:
+    """CPU seconds the child may spend unpickling ``size`` bytes."""
+    return int(UNPICKLE_CPU_BASE_S + UNPICKLE_CPU_PER_MIB_S * size / MIB) + 1
+
+
+def check_cpu(size: int) -> int:
+    """CPU seconds the child may spend on the checks after its unpickle."""
+    return int(CHECK_CPU_BASE_S + CHECK_CPU_PER_MIB_S * size / MIB) + 1
 
 
 def load_checked(data: bytes, what: str, unpickle: Callable[[bytes], object],
@@ -87,6 +103,9 @@ def load_checked(data: bytes, what: str, unpickle: Callable[[bytes], object],
     child = _Child(pid, read_end, what, len(data))
     try:
         child.expect(_UNPICKLED)
+        if len(data) > OVERLAP_MAX_BYTES:  # one copy at a time: wait for the checks first
+            child.expect(_CHECKED)
+            return unpickle(data)
         obj = unpickle(data)  # what the child just did: it cannot crash or grow further
         child.expect(_CHECKED)
         return obj
@@ -97,54 +116,86 @@ def load_checked(data: bytes, what: str, unpickle: Callable[[bytes], object],
 
 def _child(out: int, data: bytes, what: str, unpickle: Callable[[bytes], object],
            check: Callable[[object], None]) -> None:  # pragma: no cover - runs in the child
-    code = 0
+    """Unpickle, say so, check, say so; end with ``os._exit`` whatever happens.
+
+    The child must never return into the caller's code: a second MemoryError raised while
+    wording the first did exactly that (the child went on as a copy of the caller). So every
+    message it may need is worded before the limits go down, and the last line is ``_exit``.
+    """
+    code = 3
     try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 2)  # a crash report (faulthandler) is the parent's to word
-        _limit_resources(len(data))
+        memory_said = _memory_message(what, len(data))
         try:
-            obj = unpickle(data)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 2)  # a crash report (faulthandler) is the parent's to word
+            caller_cpu = _limit_resources(len(data))
+            try:
+                obj = unpickle(data)
+            except SnapshotError as exc:
+                if isinstance(exc.__cause__, MemoryError):
+                    _send_failure(out, memory_said)
+                    return
+                raise
+            os.write(out, _UNPICKLED)
+            _allow_checks(len(data), caller_cpu)
+            check(obj)
+            os.write(out, _CHECKED)
+            code = 0
         except SnapshotError as exc:
-            if isinstance(exc.__cause__, MemoryError):
-                raise SnapshotError(_memory_message(what, len(data))) from None
-            raise
-        os.write(out, _UNPICKLED)
-        check(obj)
-        os.write(out, _CHECKED)
-    except SnapshotError as exc:
-        _send_failure(out, str(exc))
-    except MemoryError:
-        _send_failure(out, _memory_message(what, len(data)))
-    except BaseException as exc:
-        _send_failure(out, f"checking it failed ({type(exc).__name__}: {printable(str(exc), 200)})")
-        code = 1
-    os._exit(code)
+            _send_failure(out, str(exc))
+        except MemoryError:
+            _send_failure(out, memory_said)
+        except BaseException as exc:  # anything else still ends the child, quietly
+            _send_failure(out, f"checking it failed ({type(exc).__name__})")
+            code = 1
+    finally:
+        os._exit(code)
 
 
 def _send_failure(out: int, message: str) -> None:  # pragma: no cover - runs in the child
-    payload = _FAILED + message[:4000].encode("utf-8", "replace")
-    with contextlib.suppress(OSError):
-        os.write(out, payload)
+    with contextlib.suppress(BaseException):  # nothing may keep the child from its _exit
+        os.write(out, _FAILED + message[:4000].encode("utf-8", "replace"))
 
 
-def _limit_resources(size: int) -> None:  # pragma: no cover - runs in the child
+def _lower(kind: int, soft: int) -> None:  # pragma: no cover - runs in the child
+    """Lower the soft limit ``kind`` to ``soft``, never above what is in force now."""
     import resource
 
-    def lower(kind: int, soft: int) -> None:
-        _, hard = resource.getrlimit(kind)
-        if hard != resource.RLIM_INFINITY:
-            soft = min(soft, hard)
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(kind, (soft, hard))
+    current, hard = resource.getrlimit(kind)
+    if current != resource.RLIM_INFINITY:
+        soft = min(soft, current)
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(kind, (soft, hard))
 
-    lower(resource.RLIMIT_CORE, 0)
-    lower(resource.RLIMIT_CPU, cpu_budget(size))  # a forked child starts at 0 s of CPU
+
+def _limit_resources(size: int) -> int:  # pragma: no cover - runs in the child
+    """Lower the child's limits for its unpickle; returns the CPU limit the caller had."""
+    import resource
+
+    caller_cpu = resource.getrlimit(resource.RLIMIT_CPU)[0]
+    _lower(resource.RLIMIT_CORE, 0)
+    _lower(resource.RLIMIT_CPU, unpickle_cpu(size))  # a forked child starts at 0 s of CPU
     current = _address_space()
     if current is not None:
-        soft_as, _ = resource.getrlimit(resource.RLIMIT_AS)
-        wanted = current + memory_budget(size)
-        if soft_as == resource.RLIM_INFINITY or wanted < soft_as:
-            lower(resource.RLIMIT_AS, wanted)
+        _lower(resource.RLIMIT_AS, current + memory_budget(size))
+    return caller_cpu
+
+
+def _allow_checks(size: int, caller_cpu: int) -> None:  # pragma: no cover - runs in the child
+    """After the unpickle, the CPU the checks may use on top, never above the caller's limit."""
+    import resource
+
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    spent = int(used.ru_utime + used.ru_stime) + 1
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    wanted = spent + check_cpu(size)
+    for cap in (hard, caller_cpu):
+        if cap != resource.RLIM_INFINITY:
+            wanted = min(wanted, cap)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_CPU, (wanted, hard))
 
 
 def _address_space() -> int | None:  # pragma: no cover - runs in the child
@@ -167,10 +218,13 @@ class _Child:
 
     def __init__(self, pid: int, pipe: int, what: str, size: int) -> None:
         self.pid, self.pipe, self.what, self.size = pid, pipe, what, size
-        self.wall_s = 4 * cpu_budget(size) + 30  # a stopped or starved child still ends
+        # a stopped or starved child still ends: four times its CPU, and half a minute
+        self.wall_s = 4 * (unpickle_cpu(size) + check_cpu(size)) + 30
         self.deadline = time.monotonic() + self.wall_s
         self.status: int | None = None
         self.reaped = False
+        self.poller = select.poll()  # not select(): it refuses descriptors above 1023
+        self.poller.register(pipe, select.POLLIN | select.POLLHUP | select.POLLERR)
 
     def expect(self, wanted: bytes) -> None:
         """Wait for the child's next word; raise what it says instead, or why it ended."""
@@ -180,8 +234,7 @@ class _Child:
                 self.kill()
                 raise SnapshotError(f"reading the {self.what} did not finish within "
                                     f"{self.wall_s} s; refused")
-            ready, _, _ = select.select([self.pipe], [], [], min(left, 1.0))
-            if ready:
+            if self.poller.poll(int(min(left, 1.0) * 1000)):
                 break
         word = os.read(self.pipe, 1)
         if word == wanted:
@@ -199,22 +252,34 @@ class _Child:
             os.kill(self.pid, signal.SIGKILL)
 
     def reap(self) -> None:
-        """Collect the child's wait status (killing it if it has not ended within a second)."""
+        """Collect the child's wait status, killing it if it has not ended within a moment.
+
+        Whatever interrupts the wait (a second Ctrl-C), the child is killed and collected:
+        it ran on to its CPU limit and stayed a zombie when the interrupt came mid-wait.
+        """
         if self.reaped:
             return
-        self.reaped = True
-        for _ in range(200):  # after its last word it exits at once
-            try:
-                done, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if done:
-                self.status = status
-                return
-            time.sleep(0.005)
-        self.kill()
-        with contextlib.suppress(ChildProcessError):
-            self.status = os.waitpid(self.pid, 0)[1]
+        try:
+            for _ in range(100):  # after its last word it exits at once
+                if self._collect():
+                    return
+                time.sleep(0.002)
+        finally:
+            if not self.reaped:
+                self.kill()
+                with contextlib.suppress(ChildProcessError):
+                    self.status = os.waitpid(self.pid, 0)[1]
+                self.reaped = True
+
+    def _collect(self) -> bool:
+        try:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            self.reaped = True
+            return True
+        if done:
+            self.status, self.reaped = status, True
+        return bool(done)
 
 
 def _ended(what: str, size: int, status: int | None) -> str:
@@ -226,8 +291,9 @@ def _ended(what: str, size: int, status: int | None) -> str:
                     "for it, e.g. a tuple inside a tuple 100,000 times; torch's snapshots nest "
                     "about 8 levels), so it is not one; refused (nothing in it was run)")
         if sig in (signal.SIGXCPU, signal.SIGKILL):
-            return (f"unpickling and checking the {what} took more than {cpu_budget(size)} s of "
-                    "CPU (a million-entry torch trace takes about 1 s); refused")
+            return (f"unpickling the {what} took more than {unpickle_cpu(size)} s of CPU, or "
+                    f"checking it more than {check_cpu(size)} s (a million-entry torch trace takes "
+                    "about 0.3 s and 1 s), so it is built to exhaust the CPU; refused")
         return f"reading the {what} was stopped by signal {sig}; refused"
     code = os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else "unknown"
     return f"checking the {what} ended without a verdict (exit status {code}); refused"

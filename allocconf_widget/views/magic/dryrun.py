@@ -70,12 +70,19 @@ def _run_cell(ctx: MagicContext, cell: str, gpu: Any, rules: bool) -> Any:
     return run.result
 
 
-def check_save_target(path: str) -> None:
-    """Refuse a ``--save`` path before a cell runs (an empty name, a missing folder, a FIFO)."""
+def check_save_target(path: str, *, sidecar: bool = False) -> None:
+    """Refuse a ``--save`` path before a cell runs (an empty name, a missing folder, a FIFO);
+    ``sidecar``: the dry run's JSON beside it too."""
+    from pathlib import Path
+
     from allocconf_widget.core.untrusted import NotRegularFileError, check_write_target
 
     try:
         check_write_target(path)
+        if sidecar:
+            from allocconf_widget.app.dryrun import sidecar_path
+
+            check_write_target(sidecar_path(Path(path)))
     except NotRegularFileError as exc:
         raise AllocConfError(f"--save: {exc}") from None
 
@@ -84,7 +91,7 @@ def run_dryrun(args: argparse.Namespace, ctx: MagicContext) -> Any:
     if ctx.cell is None:
         raise RuntimeStateError("dryrun is a cell magic: start the cell with %%allocconf dryrun")
     if args.save is not None:
-        check_save_target(args.save)  # said before the cell runs, not after
+        check_save_target(args.save, sidecar=True)  # said before the cell runs, not after
     result = _run_cell(ctx, ctx.cell, args.gpu, not args.raw)
     result.require_allocations()  # before the session keeps it: an empty one replaces nothing
     # saved before the session keeps it: a save that fails leaves the previous dry run in place
