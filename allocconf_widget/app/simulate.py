@@ -50,7 +50,8 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
                 device_total: int | None = None, non_pytorch_bytes: int | None = None,
                 device: int | None = None) -> TraceSource:
     """A snapshot file, with what its recording's sidecar knows (``<name>.json`` beside it:
-    the device's memory and the torch it ran) where the caller does not say it. The CLI and
+    the device's memory, the memory fraction in force and the torch it ran) where the caller
+    does not say it. The CLI and
     ``%allocconf simulate FILE`` both come here, so both replay a file the same way.
 
     Raises:
@@ -66,6 +67,7 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
     known = sidecar.facts if sidecar is not None else None
     if sidecar is not None and sidecar.problem:
         notes.append(sidecar.problem)
+    fraction = None
     if known is not None:
         used = []
         if device_total is None:
@@ -73,6 +75,9 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
             if non_pytorch_bytes is None:
                 non_pytorch_bytes = known.non_pytorch_bytes
             used.append(f"device capacity {format_bytes(device_total or 0)} (--device-total)")
+            if known.fraction is not None:  # a share of that device: only with its size
+                fraction = known.fraction
+                used.append(f"memory fraction {fraction:g} (--fraction)")
         if torch_version is None and known.torch_version:
             torch_version = recorded_release(known.torch_version)
             if torch_version is not None:
@@ -90,7 +95,7 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
         label = f"{path} (a {LABEL}{on})"
         notes.extend(GAPS)
     return TraceSource(snapshot, label, torch_version, device_total, non_pytorch_bytes, device,
-                       tuple(notes))
+                       tuple(notes), fraction=fraction)
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,8 @@ def _run(args: argparse.Namespace) -> int:
         source = file_source(str(path), torch_version=version, device_total=device_total,
                              non_pytorch_bytes=non_pytorch, device=args.device)
         report = simulate(source, SimulationRequest(
-            confs=tuple(args.conf or ()), rank=args.recommend, fraction=_fraction(args, path),
+            confs=tuple(args.conf or ()), rank=args.recommend,
+            fraction=float(args.fraction) if args.fraction is not None else None,
             continue_after_oom=args.continue_after_oom, workers=args.workers,
             # no kernel here: rows are offered for the torch installed beside this command
             offer_release=installed_torch_version()))
@@ -134,20 +135,6 @@ def _run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(render_simulation(report))
     return 0
-
-
-def _fraction(args: argparse.Namespace, path: Path) -> float | None:
-    """``--fraction``, else the memory fraction the file's sidecar records (said in a note)."""
-    from allocconf_widget.core.memory.recording import read_sidecar
-
-    if args.fraction is not None or args.device_total:
-        return float(args.fraction) if args.fraction is not None else None
-    known = read_sidecar(path).facts
-    if known is None or known.fraction is None:
-        return None
-    _note(f"from the recording's sidecar {known.path.name}: memory fraction {known.fraction:g} "
-          "(--fraction)")
-    return known.fraction
 
 
 def _sizes(args: argparse.Namespace) -> tuple[int | None, int | None]:

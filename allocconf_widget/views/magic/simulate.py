@@ -103,12 +103,7 @@ def run_simulate(args: argparse.Namespace, ctx: MagicContext) -> Any:
 
     try:
         # "current" is what this kernel runs, as in the What if? tab (one session state)
-        fraction = args.fraction
-        if fraction is None and args.trace:  # the fraction the file's sidecar records, as the CLI
-            from allocconf_widget.core.memory.recording import read_sidecar
-
-            known = read_sidecar(args.trace).facts
-            fraction = known.fraction if known is not None else None
+        fraction = args.fraction  # else the source's: a file's sidecar, a recording's own
         with warnings_as_notes() as ours:  # said below as our notes, once
             view = ctx.session.view()
             report = simulate(trace_source(ctx.session, args.trace, args.demo),
