@@ -4,6 +4,12 @@ A GPU test (tests/gpu/test_dryrun_then_train_gpu.py) found ``%allocconf set
 expandable_segments=True`` after a ``%%allocconf dryrun`` reported "applied now (through torch's
 runtime setter)" while the real run then made no expandable segment. The scenarios separate
 the dry run, the magic and torch's setter. Usage: ``python benchmarks/gpu/probe_dryrun_setter.py``.
+
+Measured on the H200 (torch 2.11, round 11): torch's setter alone, after a tiny dry run and
+after a training step's dry run, and ``%allocconf set`` + ``apply`` alone, all read back
+``expandable_segments`` True and made expandable segments; the failure was the test's, which
+never ran ``apply`` (``set`` only stages once torch is imported). The two magic-with-dry-run
+scenarios did not run then (their cell lacked ``torch``; fixed since, not re-run).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ MAGIC = """
 from IPython.testing.globalipapp import start_ipython
 ip = start_ipython()
 ip.run_line_magic("load_ext", "allocconf_widget")
+ip.user_ns["torch"] = torch  # the dry-run cell runs in a copy of the notebook's names
 """
 MAGIC_DRY = """
 ip.run_cell_magic("allocconf", "dryrun", {cell!r})

@@ -107,7 +107,7 @@ def test_the_real_step_trains_after_a_dry_run_and_the_setting_applies(tmp_path):
     assert out["initialized_after_dry_run"] is False
     # the dry run gave everything back: CPU weights, untouched values, no optimizer state, no LR step
     assert out["device_after_dry_run"] == "cpu" and out["weights_unchanged"], out
-    assert out["state_after_dry_run"] == 0 and out["lr_after_dry_run"] == pytest.approx(1e-3), out
+    assert out["state_after_dry_run"] == 0 and out["lr_after_dry_run"] == pytest.approx(1e-4), out
     # the setting staged after the dry run is in effect for the real run
     assert out["readback"] is True and out["expandable_segment"] is True, out
     # and the real step trains on real CUDA tensors
