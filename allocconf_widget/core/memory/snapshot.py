@@ -507,8 +507,6 @@ def save_snapshot(snapshot: Snapshot, path: str | os.PathLike[str],
         payload = gzip.compress(payload, mtime=0)
     try:
         replace_file_atomically(target, payload)
-    except NotRegularFileError as exc:
-        raise SnapshotError(f"cannot write snapshot file {os.fspath(path)!r}: {exc}") from None
-    except OSError as exc:
+    except OSError as exc:  # NotRegularFileError (a FIFO, a device) among them
         raise SnapshotError(f"cannot write snapshot file {os.fspath(path)!r}: {exc}") from exc
     return len(payload)

@@ -22,6 +22,17 @@ if TYPE_CHECKING:
 SegmentEvent = tuple[int, int, int, int]
 
 
+def peak_text(peak: int, low: int | None = None, high: int | None = None) -> str:
+    """A peak as every view says it, followed by its range by GPU timing where one is given
+    (the tables, the Settings tab, the OOM card and the What-if bars share these words)."""
+    from allocconf_widget.core.units import format_bytes
+
+    text = format_bytes(peak)
+    if low is not None and high is not None:
+        text += f" ({format_bytes(low)}–{format_bytes(high)} by GPU timing)"
+    return text
+
+
 @dataclass(frozen=True)
 class PredictedOom:
     """An allocation the simulated allocator could not serve.
@@ -261,13 +272,9 @@ class SimResult:
     def peak_reserved_text(self) -> str:
         """The peak reserved as every view says it: with its range where GPU timing of
         cross-stream frees can move it."""
-        from allocconf_widget.core.units import format_bytes
-
-        text = format_bytes(self.peak_reserved_bytes)
         if self.timing_dependent:
-            low, high = self.reserved_range
-            text += f" ({format_bytes(low)}–{format_bytes(high)} by GPU timing)"
-        return text
+            return peak_text(self.peak_reserved_bytes, *self.reserved_range)
+        return peak_text(self.peak_reserved_bytes)
 
     def oom_verdict(self) -> str:
         """"no" only when the self-check beside this result is confident; otherwise a "no"

@@ -237,10 +237,11 @@ class ConfigRun(NamedTuple):
 
     def peak_text(self) -> str:
         """The peak as every view says it, with its range where GPU timing moves it."""
-        text = format_bytes(int(self.peak))
+        from allocconf_widget.core.sim.result import peak_text
+
         if self.low is not None and self.high is not None and self.low != self.high:
-            text += f" ({format_bytes(int(self.low))}–{format_bytes(int(self.high))} by GPU timing)"
-        return text
+            return peak_text(int(self.peak), int(self.low), int(self.high))
+        return peak_text(int(self.peak))
 
 
 def peak_bar_chart(runs: Sequence[ConfigRun | tuple[Any, ...]], *, title: str | None = None,
