@@ -135,3 +135,38 @@ def test_a_recorded_cell_is_the_same_behind_the_flight_recorder_and_a_monitor():
     assert behind["ops"] == alone["ops"], (alone, behind)
     assert behind["events"] <= alone["events"] + 2, (alone, behind)  # not the whole buffer
     assert behind["exact"], behind["summary"]
+
+
+_SET_EARLIER = textwrap.dedent("""
+    import json, types, torch
+    from allocconf_widget.adapters.recorder import record
+    from allocconf_widget.app.simulate import SimulationRequest, simulate, trace_source
+    MiB = 1 << 20
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(600 * MiB / total)   # a cell before the recording
+    with record() as rec:
+        cached = [torch.empty(100 * MiB, dtype=torch.uint8, device="cuda") for _ in range(4)]
+        del cached                        # 400 MiB cached
+        for _ in range(3):                # 400 + 250 > 600: torch frees its cache to fit it
+            t = torch.empty(250 * MiB, dtype=torch.uint8, device="cuda")
+            del t
+    stats = torch.cuda.memory_stats()
+    holder = types.SimpleNamespace(recording=rec, dry_run=None)
+    report = simulate(trace_source(holder), SimulationRequest(confs=("",)))
+    row = report.rows[0].result
+    print("RESULT", json.dumps({
+        "fraction": rec.fraction, "set": 600 * MiB / total, "exact": report.fidelity.exact,
+        "real_peak": stats["reserved_bytes.all.peak"], "sim_peak": row.peak_reserved_bytes,
+        "real_frees": stats["num_device_free"], "sim_frees": row.num_device_free,
+        "limit": report.limit_bytes}))
+""")
+
+
+def test_a_fraction_set_before_the_recording_is_the_one_replayed():
+    """A memory fraction set in an earlier cell is read when the recording starts and the
+    replay runs under it: the cache is released where the real run released it."""
+    out = _run_fresh(_SET_EARLIER)
+    assert out["fraction"] == pytest.approx(out["set"])
+    assert out["sim_peak"] == out["real_peak"] <= 600 << 20, out
+    assert out["sim_frees"] == out["real_frees"] >= 4, out
+    assert out["limit"] is not None and abs(out["limit"] - (600 << 20)) < (1 << 20), out
