@@ -2,11 +2,13 @@
 
 A synthetic snapshot of ``--events`` trace entries (``bench_simulator.training_loop``, a
 transformer-like training loop with ~1 % ``record_stream`` frees) is pickled once; then, in a
-fresh process per tree, it is loaded (``load_snapshot``: restricted unpickling, structure and
-field checks), decoded (``extract_trace``: decoding, pool attribution, start-state evidence)
-and replayed under 8 settings with ``simulate_many`` on ``--workers`` processes. Prints the
-wall seconds of each phase for this tree and the baseline (``--baseline REF``), and their
-ratio; on a shared machine the ratio of two runs made back to back is the number to read.
+fresh process per tree, it goes the way ``allocconf simulate FILE --conf ... --fraction 0.5``
+takes it: ``app.simulate.file_source`` loads it (restricted unpickling, structure and field
+checks in a child process, and since round 12 the trace decoded meanwhile), whatever decoding
+is left runs (``extract_trace``: all of it in trees before round 12), and ``app.simulate.simulate``
+replays the recorded settings (the self-check) and 8 settings on ``--workers`` processes.
+Prints the wall seconds of each phase for this tree and the baseline (``--baseline REF``), and
+their ratio; on a shared machine the ratio of two runs made back to back is the number to read.
 
     python benchmarks/bench_pipeline.py [--events 1000000] [--baseline 5a2f9ea] [--workers 2]
                                         [--no-stream-frees]
@@ -32,34 +34,30 @@ from bench_replay_shapes import _export  # noqa: E402
 SETTINGS = ("", "expandable_segments:True", "max_split_size_mb:128", "max_split_size_mb:512",
             "roundup_power2_divisions:4", "roundup_power2_divisions:[256:1,512:2,>:8]",
             "garbage_collection_threshold:0.6", "max_split_size_mb:256,roundup_power2_divisions:4")
-PHASES = ("load", "decode", "replay 8 settings", "total")
+PHASES = ("load", "decode", "replay 8 settings", "total")  # decode: what the load left
 
 
 def _worker(path: str, workers: int) -> None:
-    import dataclasses
     import warnings
 
-    from allocconf_widget.core.memory.snapshot import load_snapshot
-    from allocconf_widget.core.sim.settings import SimSettings
-    from allocconf_widget.core.sim.simulator import simulate_many
+    from allocconf_widget.app.simulate import SimulationRequest, file_source, simulate
     from allocconf_widget.core.sim.trace import extract_trace
 
     t0 = time.perf_counter()
-    snapshot = load_snapshot(path)
+    source = file_source(path, torch_version=(2, 11), device_total=80 * 10**9, non_pytorch_bytes=0)
     t1 = time.perf_counter()
-    trace = extract_trace(snapshot)
+    trace = getattr(source, "decoded", None) or extract_trace(source.snapshot, source.device)
     t2 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        configs = [dataclasses.replace(SimSettings.from_string(c, (2, 11)), per_process_memory_fraction=0.5)
-                   for c in SETTINGS]
-    results = simulate_many(trace, configs, device_total=80 * 10**9, workers=workers)
+        report = simulate(source, SimulationRequest(confs=SETTINGS, fraction=0.5, workers=workers),
+                          trace=trace)
     t3 = time.perf_counter()
     import allocconf_widget
 
     print(json.dumps({"load": t1 - t0, "decode": t2 - t1, "replay 8 settings": t3 - t2,
                       "total": t3 - t0, "events": trace.num_events,
-                      "peaks": [r.peak_reserved_bytes for r in results],
+                      "peaks": [row.result.peak_reserved_bytes for row in report.rows],
                       "package": allocconf_widget.__file__}))
 
 
@@ -132,7 +130,8 @@ def main() -> None:
     for phase in PHASES:
         line = f"{phase:<20}" + "".join(f"{best[name][phase]:>21.2f}s" for name, _ in trees)
         if len(trees) == 2:
-            line += f"{best[trees[1][0]][phase] / best[trees[0][0]][phase]:>17.2f}×"
+            this, base = best[trees[0][0]][phase], best[trees[1][0]][phase]
+            line += f"{base / this:>17.2f}×" if this >= 0.01 else f"{'—':>18}"
         print(line)
 
 

@@ -121,7 +121,8 @@ class DryRunResult:
         self.require_allocations()
         return TraceSource(self.snapshot(), self.label,
                            recorded_release(self.trace.torch_version), self.gpu.total_bytes,
-                           self.gpu.context_bytes, notes=(*GAPS, *self.all_notes()))
+                           self.gpu.context_bytes, notes=(*GAPS, *self.all_notes()),
+                           decoded=self.decoded())  # predict and the what-if share one decoding
 
     def decoded(self) -> Any:
         """The decoded trace (once): every :func:`predict` on this run shares it."""

@@ -44,6 +44,16 @@ class TraceSource:
     notes: tuple[str, ...] = ()  # where facts came from (a recording's sidecar), for the report
     #: the memory fraction in force when the run was recorded; a request's own fraction wins
     fraction: float | None = None
+    #: ``snapshot``'s trace for ``device``, where it was decoded while the file was checked
+    decoded: Trace | None = field(default=None, compare=False, repr=False)
+
+    def trace(self) -> Trace:
+        """The decoded trace of ``device`` (decoded now, unless the load did it already)."""
+        if self.decoded is not None:
+            return self.decoded
+        from allocconf_widget.core.sim.trace import extract_trace
+
+        return extract_trace(self.snapshot, self.device)
 
 
 def file_source(path: str, *, torch_version: TorchVersion | None = None,
@@ -58,10 +68,13 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
         SnapshotError: the file cannot be read safely or is not a snapshot.
     """
     from allocconf_widget.core.memory.recording import read_sidecar
-    from allocconf_widget.core.memory.snapshot import load_snapshot
+    from allocconf_widget.core.memory.snapshot import load_snapshot_meanwhile
+    from allocconf_widget.core.sim.trace import extract_trace
     from allocconf_widget.core.units import format_bytes
 
-    snapshot = load_snapshot(path)
+    # the trace is decoded while a child process checks the file: two cores, half the wait
+    loaded = load_snapshot_meanwhile(path, lambda snap: extract_trace(snap, device))
+    snapshot = loaded.snapshot
     notes: list[str] = []
     sidecar = read_sidecar(path) if device_total is None or torch_version is None else None
     known = sidecar.facts if sidecar is not None else None
@@ -95,7 +108,7 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
         label = f"{path} (a {LABEL}{on})"
         notes.extend(GAPS)
     return TraceSource(snapshot, label, torch_version, device_total, non_pytorch_bytes, device,
-                       tuple(notes), fraction=fraction)
+                       tuple(notes), fraction=fraction, decoded=loaded.early)
 
 
 @dataclass(frozen=True)
@@ -236,13 +249,11 @@ class TraceCache:
 
     def get(self, session: RecordingHolder) -> tuple[TraceSource, Trace]:
         """The session's trace source and its decoded trace (decoded once per source)."""
-        from allocconf_widget.core.sim.trace import extract_trace
-
         with self._lock:
             key = session.recording_key()
             if self._source is None or self._trace is None or key != self._key:
                 source = trace_source(session)
-                trace = extract_trace(source.snapshot, source.device)
+                trace = source.trace()
                 self._key, self._source, self._trace = key, source, trace
                 self._memo.clear()  # answers about the old trace are not answers about this one
             return self._source, self._trace
@@ -399,11 +410,10 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
     from allocconf_widget.core.memory.snapshot import allocator_settings
     from allocconf_widget.core.sim.settings import SimSettings
     from allocconf_widget.core.sim.simulator import simulate_many
-    from allocconf_widget.core.sim.trace import extract_trace
     from allocconf_widget.core.units import format_bytes
 
     if trace is None:
-        trace = extract_trace(source.snapshot, source.device)
+        trace = source.trace()
     notes: list[str] = list(source.notes)
     device_total, non_pytorch = source.device_total, _non_pytorch(source, trace, notes)
     fraction = request.fraction if request.fraction is not None else source.fraction

@@ -9,7 +9,13 @@ Measured on the H200 (torch 2.11, round 11): torch's setter alone, after a tiny 
 after a training step's dry run, and ``%allocconf set`` + ``apply`` alone, all read back
 ``expandable_segments`` True and made expandable segments; the failure was the test's, which
 never ran ``apply`` (``set`` only stages once torch is imported). The two magic-with-dry-run
-scenarios did not run then (their cell lacked ``torch``; fixed since, not re-run).
+scenarios did not run then (their cell lacked ``torch``).
+
+Round 12, on an H100 (torch 2.11; ``data/probe_dryrun_setter_h100_torch2.11.jsonl``): all six
+scenarios ran. In each, CUDA was not started by the dry run, ``expandable_segments`` read back
+True afterwards and an expandable segment was made: torch's setter alone, after a tiny dry run
+and after a training step's dry run; ``%allocconf set`` + ``apply`` alone, after a tiny dry run
+and after a training step's ``%%allocconf dryrun``.
 """
 
 from __future__ import annotations

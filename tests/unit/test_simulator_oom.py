@@ -167,6 +167,23 @@ def test_a_gc_setting_beside_its_twin_gives_the_replay_it_would_get_alone(
     assert (many[0].final_reserved_bytes != many[1].final_reserved_bytes) == acts
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_settings_asked_for_twice_replay_once_and_each_row_reads_as_alone(workers: int) -> None:
+    """The recorded row and the same settings' own row (``allocconf simulate --conf ''`` on a
+    run made under the defaults) are one replay; each row is what replaying it alone gives,
+    and only the row that asked for the self-check carries its score."""
+    trace = _gc_trace().build()
+    plain = settings(per_process_memory_fraction=0.5)
+    gc = settings(per_process_memory_fraction=0.5, gc_threshold=0.6)
+    configs = [plain, gc, plain, gc, plain]
+    check = [False, False, True, False, False]
+    many = simulate_many(trace, configs, device_total=100 * MiB, workers=workers, check=check)
+    for s, flag, got in zip(configs, check, many, strict=True):
+        alone = simulate(trace, s, device_total=100 * MiB, check=flag)
+        assert dataclasses.replace(got, seconds=0.0) == dataclasses.replace(alone, seconds=0.0)
+    assert [r.fidelity is not None for r in many] == check
+
+
 def test_gc_with_fraction_1_acts_only_up_to_2_9() -> None:
     old = settings(per_process_memory_fraction=1.0, gc_threshold=0.3, torch_version=(2, 9))
     new = settings(per_process_memory_fraction=1.0, gc_threshold=0.3, torch_version=(2, 10))

@@ -37,7 +37,9 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from allocconf_widget._errors import SnapshotError
 from allocconf_widget.core.units import MIB, format_bytes
@@ -55,6 +57,7 @@ CHECK_CPU_PER_MIB_S = 0.5
 #: moment); above it, one after the other, so an honest file's peak memory is one copy
 OVERLAP_MAX_BYTES = 64 * MIB
 _UNPICKLED, _CHECKED, _FAILED = b"U", b"C", b"E"
+T = TypeVar("T")
 _CRASHES = {signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE}
 
 
@@ -73,9 +76,28 @@ def check_cpu(size: int) -> int:
     return int(CHECK_CPU_BASE_S + CHECK_CPU_PER_MIB_S * size / MIB) + 1
 
 
+@dataclass(frozen=True)
+class Checked(Generic[T]):
+    """What :func:`load_checked` loaded, and the early work done while it was checked."""
+
+    obj: object
+    #: ``meanwhile(obj)``, computed while the child checked; None where it failed or did not run
+    early: T | None
+
+
 def load_checked(data: bytes, what: str, unpickle: Callable[[bytes], object],
-                 check: Callable[[object], None]) -> object:
+                 check: Callable[[object], None],
+                 meanwhile: Callable[[object], T] | None = None) -> Checked[T]:
     """``unpickle(data)``, refused unless ``check`` accepts the result; guarded by a child.
+
+    ``meanwhile(obj)`` runs while the child checks ``obj``. On a file small enough to be
+    unpickled in both processes at once (the usual case), the parent would otherwise wait for
+    the child's checks with nothing to do; ``meanwhile`` is the work that comes next anyway
+    (decoding the trace), done on the other core. It sees an object the checks have not passed
+    yet, so it must be plain Python over plain data that hashes nothing it reads as it is (a
+    tuple nested 200,000 deep crashes ``hash``); its result is returned only if the checks
+    pass, and an exception in it gives ``early=None`` (the caller then does that work again on
+    the checked object, and words its own error).
 
     Raises:
         SnapshotError: from ``unpickle`` or ``check`` (the child's message, word for word), or
@@ -84,7 +106,7 @@ def load_checked(data: bytes, what: str, unpickle: Callable[[bytes], object],
     if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
         obj = unpickle(data)
         check(obj)
-        return obj
+        return Checked(obj, None)
     read_end, write_end = os.pipe()
     try:
         with warnings.catch_warnings():  # "multi-threaded, fork() may deadlock": the child
@@ -95,7 +117,7 @@ def load_checked(data: bytes, what: str, unpickle: Callable[[bytes], object],
         os.close(write_end)
         obj = unpickle(data)
         check(obj)
-        return obj
+        return Checked(obj, None)
     if pid == 0:  # pragma: no cover - the child; it never returns
         os.close(read_end)
         _child(write_end, data, what, unpickle, check)
@@ -105,13 +127,24 @@ def load_checked(data: bytes, what: str, unpickle: Callable[[bytes], object],
         child.expect(_UNPICKLED)
         if len(data) > OVERLAP_MAX_BYTES:  # one copy at a time: wait for the checks first
             child.expect(_CHECKED)
-            return unpickle(data)
+            return Checked(unpickle(data), None)
         obj = unpickle(data)  # what the child just did: it cannot crash or grow further
+        early = _early(meanwhile, obj)
         child.expect(_CHECKED)
-        return obj
+        return Checked(obj, early)
     finally:
         os.close(read_end)
         child.reap()
+
+
+def _early(meanwhile: Callable[[object], T] | None, obj: object) -> T | None:
+    """``meanwhile(obj)`` on the unchecked object; None where it fails (see the caller)."""
+    if meanwhile is None:
+        return None
+    try:
+        return meanwhile(obj)
+    except Exception:  # unchecked data: any failure means "do it again later"
+        return None
 
 
 def _child(out: int, data: bytes, what: str, unpickle: Callable[[bytes], object],

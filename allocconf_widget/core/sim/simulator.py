@@ -272,20 +272,50 @@ def simulate_many(
             done += 1
             report()
 
-    twins = _gc_twins(configs, per_config)
-    replay([i for i in range(total) if i not in twins])
+    def reuse(i: int, j: int, settings: SimSettings) -> None:
+        nonlocal done
+        got = results[j]
+        assert got is not None
+        # a self-check's score belongs to the row that asked for it
+        results[i] = dataclasses.replace(got, settings=settings,
+                                         fidelity=got.fidelity if flags[i] else None)
+        done += 1
+        report()
+
+    same = _same_replays(configs, per_config)
+    twins = _gc_twins(configs, per_config, same)
+    replay([i for i in range(total) if i not in twins and i not in same])
     again = []
     for i, j in twins.items():
         twin = results[j]
         assert twin is not None
         if _gc_never_acts(trace, configs[i], twin, device_total, non_pytorch_bytes):
-            results[i] = dataclasses.replace(twin, settings=configs[i])
-            done += 1
-            report()
+            reuse(i, j, configs[i])
         else:
             again.append(i)
     replay(again)
-    return [r for r in results if r is not None]
+    for i, j in same.items():
+        reuse(i, j, configs[i])
+    # a replay that checked for a repeat of its settings keeps no score it was not asked for
+    return [r if flags[i] or r.fidelity is None else dataclasses.replace(r, fidelity=None)
+            for i, r in enumerate(results) if r is not None]
+
+
+def _same_replays(configs: list[SimSettings], kwargs: list[dict[str, Any]]) -> dict[int, int]:
+    """Each configuration asked for again (the recorded row and its own option string, say):
+    index -> the first index with the same settings and timing flag. The first one replays,
+    with the self-check if any of them asks for it (a check only records and compares the
+    segment events: the replay and its result are the same), and the others take its result.
+    Updates ``kwargs`` in place for that."""
+    first: dict[tuple[SimSettings, bool], int] = {}
+    same: dict[int, int] = {}
+    for i, (s, kw) in enumerate(zip(configs, kwargs, strict=True)):
+        j = first.setdefault((s, kw["timing"]), i)
+        if j != i:
+            same[i] = j
+            if kw["check"]:
+                kwargs[j] = {**kwargs[j], "check": True}
+    return same
 
 
 def _replay_all(trace: Trace, configs: list[SimSettings], kwargs: list[dict[str, Any]],
@@ -308,17 +338,19 @@ def _replay_all(trace: Trace, configs: list[SimSettings], kwargs: list[dict[str,
         yield simulate(trace, s, **kw)
 
 
-def _gc_twins(configs: list[SimSettings], kwargs: list[dict[str, Any]]) -> dict[int, int]:
+def _gc_twins(configs: list[SimSettings], kwargs: list[dict[str, Any]],
+              same: Mapping[int, int]) -> dict[int, int]:
     """Each ``garbage_collection_threshold`` setting whose twin without it (the same settings
-    and replay options, threshold 0) is in the list too: index -> the twin's index."""
-    plain: dict[tuple[SimSettings, bool, bool], int] = {}
+    and timing flag, threshold 0) is replayed too: index -> the twin's index. A setting that
+    is a repeat of another (``same``) takes that one's result instead."""
+    plain: dict[tuple[SimSettings, bool], int] = {}
     for i, (s, kw) in enumerate(zip(configs, kwargs, strict=True)):
-        if s.gc_threshold == 0.0:
-            plain.setdefault((s, kw["check"], kw["timing"]), i)
+        if s.gc_threshold == 0.0 and i not in same:
+            plain.setdefault((s, kw["timing"]), i)
     twins = {}
     for i, (s, kw) in enumerate(zip(configs, kwargs, strict=True)):
-        if s.gc_threshold > 0.0 and not kw["check"]:
-            j = plain.get((dataclasses.replace(s, gc_threshold=0.0), False, kw["timing"]))
+        if s.gc_threshold > 0.0 and not kw["check"] and i not in same:
+            j = plain.get((dataclasses.replace(s, gc_threshold=0.0), kw["timing"]))
             if j is not None:
                 twins[i] = j
     return twins

@@ -731,6 +731,11 @@ class _Decoder:
         n = len(entries)
         live = self.live
         counts = self.counts
+        # what _emit does, inlined with its columns bound here: this loop runs once per entry
+        # (a million for a long recording), and the method call was a third of its time
+        addr_ids, default_lanes, plain = self.addr_ids, self.default_lanes, not self.attributed
+        ops_add, aids_add, sizes_add = self.ops.append, self.aids.append, self.sizes.append
+        lanes_add, index_add, times_add = self.lanes.append, self.index.append, self.times.append
         skip_next = False
         for idx in range(start, n):
             if skip_next:
@@ -743,18 +748,19 @@ class _Decoder:
                     "this does not look like a torch memory snapshot"
                 )
             act = e.get("action")
-            name = act if type(act) is str else str(act)
-            counts[name] = counts.get(name, 0) + 1
+            if type(act) is not str:  # never hashed as it is: a deep tuple's hash crashes
+                act = str(act)
+            counts[act] = counts.get(act, 0) + 1
             # the exact-int checks below skip int_or_zero for what nearly every entry holds
             addr = e.get("addr")
             if type(addr) is not int:
                 addr = int_or_zero(addr)
+            op, size = -1, 0
             if act == "alloc":
                 live[addr] = False
-                size = e.get("size")
-                self._emit(OP_ALLOC, addr, size if type(size) is int else int_or_zero(size), e, idx)
-                if self.held:
-                    self._release_held()
+                raw = e.get("size")
+                size = raw if type(raw) is int else int_or_zero(raw)
+                op = OP_ALLOC
             elif act == "free_requested":
                 nxt = entries[idx + 1] if idx + 1 < n else None
                 fused = False
@@ -767,27 +773,49 @@ class _Decoder:
                 if addr not in live:
                     self._unknown(idx)
                 elif fused:  # a second request of a pending free completes the first one
-                    self._emit(OP_FREE_COMPLETED if live.pop(addr) else OP_FREE, addr, 0, e, idx)
+                    op = OP_FREE_COMPLETED if live.pop(addr) else OP_FREE
                 elif not live[addr]:
                     live[addr] = True
                     self.deferred += 1
-                    self._emit(OP_FREE_REQUESTED, addr, 0, e, idx)
+                    op = OP_FREE_REQUESTED
             elif act == "free_completed":
                 requested = live.pop(addr, None)
                 if requested is None:
                     self._unknown(idx)
                 else:
                     # Without a prior free_requested (skip_actions dropped it) it is a whole free.
-                    self._emit(OP_FREE_COMPLETED if requested else OP_FREE, addr, 0, e, idx)
+                    op = OP_FREE_COMPLETED if requested else OP_FREE
             elif act in _SEG_CODES:
-                self._segment(idx, e, str(act))
+                self._segment(idx, e, act)
             elif act == "oom":
                 size = int_or_zero(e.get("size"))
                 self.ooms.append(
                     RecordedOom(idx, size, int_or_zero(e.get("device_free")), int_or_zero(e.get("stream")))
                 )
-                self._emit(OP_OOM, -1, size, e, idx)
+                op, addr = OP_OOM, -1
             # "snapshot", "annotate" and unknown actions change no allocator state.
+            if op < 0:
+                continue
+            aid = addr_ids.get(addr)
+            if aid is None:
+                aid = addr_ids[addr] = len(addr_ids)
+            ops_add(op)
+            aids_add(aid)
+            sizes_add(size)
+            stream = e.get("stream")
+            if (type(stream) is int and plain and "pool_id" not in e
+                    and "segment_pool_id" not in e and "mempool_id" not in e):
+                lane = default_lanes.get(stream)
+                if lane is None:
+                    lane = default_lanes[stream] = self._lane(e, idx)
+            else:
+                lane = self._lane(e, idx)
+            lanes_add(lane)
+            index_add(idx)
+            stamp = e.get("time_us")
+            times_add(stamp if type(stamp) is int else int_or_zero(stamp))
+            if op == OP_ALLOC and self.held:
+                self._release_held()
         if self.held:
             self._release_held()
         self._seed_lanes()
@@ -920,6 +948,8 @@ def _explained_from(entries: Sequence[Any]) -> list[int]:
     for j in range(len(entries) - 1, -1, -1):
         entry = entries[j]
         act = entry.get("action") if isinstance(entry, Mapping) else None
+        if type(act) is not str:  # hashed below: only a string (a deep tuple's hash crashes)
+            act = None
         result[j] = result[j + 1] if act in _BURST_FILLER else (j if act in _EXPLAINS_RELEASE else -1)
     return result
 
