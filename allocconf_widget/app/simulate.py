@@ -73,7 +73,8 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
     from allocconf_widget.core.units import format_bytes
 
     # the trace is decoded while a child process checks the file: two cores, half the wait
-    loaded = load_snapshot_meanwhile(path, lambda snap: extract_trace(snap, device))
+    loaded = load_snapshot_meanwhile(
+        path, lambda snap, refused: extract_trace(snap, device, abandon=refused))
     snapshot = loaded.snapshot
     notes: list[str] = []
     sidecar = read_sidecar(path) if device_total is None or torch_version is None else None

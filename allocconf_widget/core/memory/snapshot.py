@@ -326,18 +326,22 @@ class LoadedSnapshot(Generic[T]):
     """A snapshot :func:`load_snapshot_meanwhile` loaded, and what it computed from it early."""
 
     snapshot: Snapshot
-    #: ``meanwhile(snapshot)`` where it ran (while the file was checked) and succeeded, else None
+    #: ``meanwhile(snapshot, refused)`` where it ran (while the file was checked) and
+    #: succeeded, else None
     early: T | None
 
 
 def load_snapshot_meanwhile(source: str | os.PathLike[str] | bytes | IO[bytes],
-                            meanwhile: Callable[[Snapshot], T] | None) -> LoadedSnapshot[T]:
+                            meanwhile: Callable[[Snapshot, Callable[[], bool]], T] | None,
+                            ) -> LoadedSnapshot[T]:
     """:func:`load_snapshot`, running ``meanwhile`` (the trace's decoding) while a child
     process checks the file, so the checks and the decoding share two cores.
 
-    ``meanwhile`` sees the snapshot before its checks have passed: it must only read plain
-    data, and its result is kept only if they pass. Where it fails, or the file is too big to
-    be held twice at once, ``early`` is None and the caller runs it on the checked snapshot.
+    ``meanwhile(snapshot, refused)`` sees the snapshot before its checks have passed: it must
+    only read plain data, hash none of it as it is, and give up (raise) once ``refused()`` says
+    True (see :func:`.unpickle_guard.load_checked`); its result is kept only if the checks pass.
+    Where it fails, or the file is too big to be held twice at once, ``early`` is None and the
+    caller runs it on the checked snapshot.
 
     Raises:
         SnapshotError: as :func:`load_snapshot`.
@@ -358,10 +362,10 @@ def load_snapshot_meanwhile(source: str | os.PathLike[str] | bytes | IO[bytes],
         check_structure(obj, what, limits)
         check_fields(_as_snapshot(obj))
 
-    def early(obj: object) -> T | None:
+    def early(obj: object, refused: Callable[[], bool]) -> T | None:
         if meanwhile is None or not isinstance(obj, dict) or not isinstance(obj.get("segments"), list):
             return None  # what _as_snapshot would refuse or wrap is not worth starting on
-        return meanwhile(cast(Snapshot, obj))
+        return meanwhile(cast(Snapshot, obj), refused)
 
     with paused_gc():  # millions of plain dicts, no cycles (core/gcpause.py)
         # in a forked child first: some pickles crash or exhaust the unpickler itself

@@ -87,17 +87,20 @@ class Checked(Generic[T]):
 
 def load_checked(data: bytes, what: str, unpickle: Callable[[bytes], object],
                  check: Callable[[object], None],
-                 meanwhile: Callable[[object], T] | None = None) -> Checked[T]:
+                 meanwhile: Callable[[object, Callable[[], bool]], T] | None = None) -> Checked[T]:
     """``unpickle(data)``, refused unless ``check`` accepts the result; guarded by a child.
 
-    ``meanwhile(obj)`` runs while the child checks ``obj``. On a file small enough to be
-    unpickled in both processes at once (the usual case), the parent would otherwise wait for
+    ``meanwhile(obj, refused)`` runs while the child checks ``obj``. On a file small enough to
+    be unpickled in both processes at once (the usual case), the parent would otherwise wait for
     the child's checks with nothing to do; ``meanwhile`` is the work that comes next anyway
     (decoding the trace), done on the other core. It sees an object the checks have not passed
     yet, so it must be plain Python over plain data that hashes nothing it reads as it is (a
-    tuple nested 200,000 deep crashes ``hash``); its result is returned only if the checks
-    pass, and an exception in it gives ``early=None`` (the caller then does that work again on
-    the checked object, and words its own error).
+    tuple nested 200,000 deep crashes ``hash``), and it must call ``refused()`` now and then
+    (it does not wait) and give up when it says True: a file the checks refuse for its
+    expanded size (millions of references to one entry) would otherwise keep it busy long
+    after the verdict. Its result is returned only if the checks pass, and an exception in it
+    gives ``early=None`` (the caller then does that work again on the checked object, and
+    words its own error).
 
     Raises:
         SnapshotError: from ``unpickle`` or ``check`` (the child's message, word for word), or
@@ -129,7 +132,7 @@ def load_checked(data: bytes, what: str, unpickle: Callable[[bytes], object],
             child.expect(_CHECKED)
             return Checked(unpickle(data), None)
         obj = unpickle(data)  # what the child just did: it cannot crash or grow further
-        early = _early(meanwhile, obj)
+        early = _early(meanwhile, obj, child.refused)
         child.expect(_CHECKED)
         return Checked(obj, early)
     finally:
@@ -137,12 +140,13 @@ def load_checked(data: bytes, what: str, unpickle: Callable[[bytes], object],
         child.reap()
 
 
-def _early(meanwhile: Callable[[object], T] | None, obj: object) -> T | None:
-    """``meanwhile(obj)`` on the unchecked object; None where it fails (see the caller)."""
+def _early(meanwhile: Callable[[object, Callable[[], bool]], T] | None, obj: object,
+           refused: Callable[[], bool]) -> T | None:
+    """``meanwhile(obj, refused)`` on the unchecked object; None where it fails or gives up."""
     if meanwhile is None:
         return None
     try:
-        return meanwhile(obj)
+        return meanwhile(obj, refused)
     except Exception:  # unchecked data: any failure means "do it again later"
         return None
 
@@ -258,18 +262,31 @@ class _Child:
         self.reaped = False
         self.poller = select.poll()  # not select(): it refuses descriptors above 1023
         self.poller.register(pipe, select.POLLIN | select.POLLHUP | select.POLLERR)
+        self.early_word: bytes | None = None  # a word read by refused(), for expect()
+
+    def refused(self) -> bool:
+        """Whether the child has already answered with anything but "checked" (a failure, or
+        its end), without waiting: work done meanwhile on the unchecked object can stop."""
+        if self.early_word is None:
+            if not self.poller.poll(0):
+                return False
+            self.early_word = os.read(self.pipe, 1)
+        return self.early_word != _CHECKED
 
     def expect(self, wanted: bytes) -> None:
         """Wait for the child's next word; raise what it says instead, or why it ended."""
-        while True:
-            left = self.deadline - time.monotonic()
-            if left <= 0:
-                self.kill()
-                raise SnapshotError(f"reading the {self.what} did not finish within "
-                                    f"{self.wall_s} s; refused")
-            if self.poller.poll(int(min(left, 1.0) * 1000)):
-                break
-        word = os.read(self.pipe, 1)
+        if self.early_word is not None:
+            word, self.early_word = self.early_word, None
+        else:
+            while True:
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    self.kill()
+                    raise SnapshotError(f"reading the {self.what} did not finish within "
+                                        f"{self.wall_s} s; refused")
+                if self.poller.poll(int(min(left, 1.0) * 1000)):
+                    break
+            word = os.read(self.pipe, 1)
         if word == wanted:
             return
         if word == _FAILED:

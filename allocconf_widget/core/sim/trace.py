@@ -29,10 +29,11 @@ decoder, so their later frees replay; the engine starts from its segments.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import math
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -274,16 +275,38 @@ class Trace:
         return text
 
 
+class DecodeAbandoned(Exception):  # noqa: N818 - not an error: the caller asked to stop
+    """``extract_trace``'s ``abandon()`` said True: the decoding stopped part way."""
+
+
 def extract_trace(
     snapshot: Mapping[str, Any],
     device: int | None = None,
     *,
     initial_state: AllocatorState | str = "auto",
+    abandon: Callable[[], bool] | None = None,
 ) -> Trace:
     """Decode ``snapshot["device_traces"][device]``; see :func:`_extract` (this adds the
-    private pools the snapshot shows but the trace entries do not attribute)."""
-    with paused_gc():
-        return _extract_all(snapshot, device, initial_state)
+    private pools the snapshot shows but the trace entries do not attribute).
+
+    ``abandon`` is asked every 65,536 entries whether to stop (raising
+    :class:`DecodeAbandoned`): the loader decodes while a child still checks the file, and a
+    file the checks refuse should not keep the decoder busy (``app/simulate.file_source``).
+    """
+    token = _ABANDON.set(abandon)  # read by every _Decoder this call makes, however deep
+    try:
+        with paused_gc():
+            return _extract_all(snapshot, device, initial_state)
+    finally:
+        _ABANDON.reset(token)
+
+
+#: ``extract_trace``'s ``abandon``, for the decoding passes it makes (a context variable, not an
+#: argument threaded through every helper between them; per thread and task)
+_ABANDON: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar(
+    "allocconf_decode_abandon", default=None)
+#: entries decoded between two questions to ``abandon`` (a few ms)
+_ABANDON_EVERY = 65536
 
 
 def _extract_all(snapshot: Mapping[str, Any], device: int | None,
@@ -729,6 +752,7 @@ class _Decoder:
         self._seed()
         entries = self.entries
         n = len(entries)
+        abandon = _ABANDON.get()
         live = self.live
         counts = self.counts
         # what _emit does, inlined with its columns bound here: this loop runs once per entry
@@ -741,6 +765,8 @@ class _Decoder:
             if skip_next:
                 skip_next = False
                 continue
+            if abandon is not None and not idx % _ABANDON_EVERY and abandon():
+                raise DecodeAbandoned(f"asked to stop at entry {idx:,}")
             e = entries[idx]
             if type(e) is not dict and not isinstance(e, Mapping):
                 raise SnapshotError(
