@@ -4,8 +4,7 @@ A synthetic snapshot of ``--events`` trace entries (``bench_simulator.training_l
 transformer-like training loop with ~1 % ``record_stream`` frees) is pickled once; then, in a
 fresh process per tree, it goes the way ``allocconf simulate FILE --conf ... --fraction 0.5``
 takes it: ``app.simulate.file_source`` loads it (restricted unpickling, structure and field
-checks in a child process, and since round 12 the trace decoded meanwhile), whatever decoding
-is left runs (``extract_trace``: all of it in trees before round 12), and ``app.simulate.simulate``
+checks in a child process), ``extract_trace`` decodes it, and ``app.simulate.simulate``
 replays the recorded settings (the self-check) and 8 settings on ``--workers`` processes.
 Prints the wall seconds of each phase for this tree and the baseline (``--baseline REF``), and
 their ratio; on a shared machine the ratio of two runs made back to back is the number to read.
@@ -34,7 +33,7 @@ from bench_replay_shapes import _export  # noqa: E402
 SETTINGS = ("", "expandable_segments:True", "max_split_size_mb:128", "max_split_size_mb:512",
             "roundup_power2_divisions:4", "roundup_power2_divisions:[256:1,512:2,>:8]",
             "garbage_collection_threshold:0.6", "max_split_size_mb:256,roundup_power2_divisions:4")
-PHASES = ("load", "decode", "replay 8 settings", "total")  # decode: what the load left
+PHASES = ("load", "decode", "replay 8 settings", "total")
 
 
 def _worker(path: str, workers: int) -> None:
@@ -46,7 +45,7 @@ def _worker(path: str, workers: int) -> None:
     t0 = time.perf_counter()
     source = file_source(path, torch_version=(2, 11), device_total=80 * 10**9, non_pytorch_bytes=0)
     t1 = time.perf_counter()
-    trace = getattr(source, "decoded", None) or extract_trace(source.snapshot, source.device)
+    trace = extract_trace(source.snapshot, source.device)
     t2 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

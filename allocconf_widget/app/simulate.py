@@ -44,7 +44,8 @@ class TraceSource:
     notes: tuple[str, ...] = ()  # where facts came from (a recording's sidecar), for the report
     #: the memory fraction in force when the run was recorded; a request's own fraction wins
     fraction: float | None = None
-    #: ``snapshot``'s trace for ``device``, where it was decoded while the file was checked
+    #: ``snapshot``'s trace for ``device`` where it is decoded already (a dry run's, which its
+    #: predictions share): the what-if does not decode it again
     decoded: Trace | None = field(default=None, compare=False, repr=False)
 
     def trace(self) -> Trace:
@@ -68,14 +69,10 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
         SnapshotError: the file cannot be read safely or is not a snapshot.
     """
     from allocconf_widget.core.memory.recording import read_sidecar
-    from allocconf_widget.core.memory.snapshot import load_snapshot_meanwhile
-    from allocconf_widget.core.sim.trace import extract_trace
+    from allocconf_widget.core.memory.snapshot import load_snapshot
     from allocconf_widget.core.units import format_bytes
 
-    # the trace is decoded while a child process checks the file: two cores, half the wait
-    loaded = load_snapshot_meanwhile(
-        path, lambda snap, refused: extract_trace(snap, device, abandon=refused))
-    snapshot = loaded.snapshot
+    snapshot = load_snapshot(path)
     notes: list[str] = []
     sidecar = read_sidecar(path) if device_total is None or torch_version is None else None
     known = sidecar.facts if sidecar is not None else None
@@ -109,7 +106,7 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
         label = f"{path} (a {LABEL}{on})"
         notes.extend(GAPS)
     return TraceSource(snapshot, label, torch_version, device_total, non_pytorch_bytes, device,
-                       tuple(notes), fraction=fraction, decoded=loaded.early)
+                       tuple(notes), fraction=fraction)
 
 
 @dataclass(frozen=True)
@@ -469,8 +466,9 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
                             limit_bytes=limit if limit is not None and (usable is None or limit < usable)
                             else None)
     if request.rank:
-        return _ranked(head, trace, request, recorded, version, notes, device_total=device_total,
-                       non_pytorch=non_pytorch, fraction=fraction, as_recorded=as_recorded)
+        ranked = _ranked(head, trace, request, recorded, version, notes, device_total=device_total,
+                         non_pytorch=non_pytorch, fraction=fraction, as_recorded=as_recorded)
+        return _with_gc_start_note(ranked, trace)
     confs = _checked_confs(request.confs, version, notes, fraction)
     others = []
     for conf in confs:
@@ -492,7 +490,25 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
     else:
         rows = (SimulationRow(f"recorded: {recorded.describe()}", recorded.label or "",
                               results[0].with_fidelity(fidelity), is_current=True, kind="recorded"),)
-    return dataclasses.replace(head, fidelity=fidelity, rows=rows, notes=tuple(notes))
+    return _with_gc_start_note(
+        dataclasses.replace(head, fidelity=fidelity, rows=rows, notes=tuple(notes)), trace)
+
+
+def _with_gc_start_note(report: SimulationReport, trace: Trace) -> SimulationReport:
+    """``report`` with a note where its garbage-collection rows rest on a guess: the replay
+    starts with cached segments the collector may release, in an order set by how long each
+    had been idle before the recording, which no snapshot carries."""
+    idle = trace.idle_start_segments()
+    collects = any(row.result.settings.gc_threshold > 0.0
+                   and (row.result.settings.per_process_memory_fraction is not None or trace.limit_changes)
+                   for row in report.rows)
+    if idle < 2 or not collects:
+        return report
+    note = (f"the recording starts with {idle} cached segments that garbage_collection_threshold may "
+            "release, oldest first; how long each had been idle before the recording is not in the "
+            "snapshot, so the replay takes them as idle equally long: rows with garbage collection "
+            "may be a few percent off (docs/simulator.md, \"Traces that start mid-run\")")
+    return dataclasses.replace(report, notes=(*report.notes, note))
 
 
 def _recording_fraction(trace: Trace, fraction: float | None, device_total: int | None,

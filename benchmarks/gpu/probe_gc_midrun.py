@@ -14,6 +14,9 @@ exactly under GC (docs/fidelity.md), but a user's recording rarely starts with t
 Each prints the real peak reserved and segment counts of its recorded window, and the replay's
 (the use case every front end calls, under the recorded settings). The snapshots go to
 ``--out`` for a replay on the CPU. Usage: ``python benchmarks/gpu/probe_gc_midrun.py --out DIR``.
+
+Not run yet (round 12: no device machine was lent after the session's first call). What to
+look for: docs/simulator.md, "Garbage collection and a start state's idle segments".
 """
 
 from __future__ import annotations

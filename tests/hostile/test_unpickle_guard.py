@@ -57,7 +57,7 @@ def test_a_process_with_many_open_files_still_loads():
         import os, pickle
         from allocconf_widget.core.memory.unpickle_guard import load_checked
         held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
-        print("LOADED", load_checked(pickle.dumps([1, 2]), "data", pickle.loads, lambda obj: None).obj)
+        print("LOADED", load_checked(pickle.dumps([1, 2]), "data", pickle.loads, lambda obj: None))
     """)
     assert "LOADED [1, 2]" in done.stdout, done.stderr[-2000:]
 

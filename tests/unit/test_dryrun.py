@@ -311,6 +311,7 @@ def test_the_whatif_replays_a_dry_run_labelled_an_estimate():
     assert any("fake CUDA tensors" in n for n in report.notes)
     assert report.device_total == profile("l4").total_bytes
     assert report.rows
+    assert run.source().trace() is run.decoded()  # predictions and the what-if: one decoding
 
 
 def test_without_a_gpu_visible_to_nvml_the_prediction_is_for_a_t4_and_says_so():

@@ -17,10 +17,9 @@ import gzip
 import io
 import os
 import pickle
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import IO, Any, Generic, TypedDict, TypeVar, cast
+from typing import IO, Any, TypedDict, cast
 
 from allocconf_widget._errors import SnapshotError, printable
 from allocconf_widget.core.gcpause import paused_gc
@@ -47,7 +46,6 @@ INACTIVE = "inactive"
 LARGE_SNAPSHOT_BYTES = 1 << 30
 """Above this, pytorch.org/memory_viz tends to crash the browser (pytorch/pytorch PR #176290)."""
 
-T = TypeVar("T")
 _GZIP_MAGIC = b"\x1f\x8b"
 _SMALL_SEGMENT_MAX = 2 << 20  # kSmallBuffer: every classic small-pool segment is exactly 2 MiB
 _VIEWER_PICKLE_PROTOCOL = 4  # MemoryViz.js's unpickler accepts protocols 2-4 only
@@ -318,34 +316,6 @@ def load_snapshot(source: str | os.PathLike[str] | bytes | IO[bytes]) -> Snapsho
             pickle, holding objects other than plain data, or not shaped like a
             snapshot. The message says what is wrong and how to get a good file.
     """
-    return load_snapshot_meanwhile(source, None).snapshot
-
-
-@dataclass(frozen=True)
-class LoadedSnapshot(Generic[T]):
-    """A snapshot :func:`load_snapshot_meanwhile` loaded, and what it computed from it early."""
-
-    snapshot: Snapshot
-    #: ``meanwhile(snapshot, refused)`` where it ran (while the file was checked) and
-    #: succeeded, else None
-    early: T | None
-
-
-def load_snapshot_meanwhile(source: str | os.PathLike[str] | bytes | IO[bytes],
-                            meanwhile: Callable[[Snapshot, Callable[[], bool]], T] | None,
-                            ) -> LoadedSnapshot[T]:
-    """:func:`load_snapshot`, running ``meanwhile`` (the trace's decoding) while a child
-    process checks the file, so the checks and the decoding share two cores.
-
-    ``meanwhile(snapshot, refused)`` sees the snapshot before its checks have passed: it must
-    only read plain data, hash none of it as it is, and give up (raise) once ``refused()`` says
-    True (see :func:`.unpickle_guard.load_checked`); its result is kept only if the checks pass.
-    Where it fails, or the file is too big to be held twice at once, ``early`` is None and the
-    caller runs it on the checked snapshot.
-
-    Raises:
-        SnapshotError: as :func:`load_snapshot`.
-    """
     what = _describe(source)
     limits = LoadLimits.from_env()
     data = _read_bytes(source, limits.max_bytes)
@@ -362,16 +332,11 @@ def load_snapshot_meanwhile(source: str | os.PathLike[str] | bytes | IO[bytes],
         check_structure(obj, what, limits)
         check_fields(_as_snapshot(obj))
 
-    def early(obj: object, refused: Callable[[], bool]) -> T | None:
-        if meanwhile is None or not isinstance(obj, dict) or not isinstance(obj.get("segments"), list):
-            return None  # what _as_snapshot would refuse or wrap is not worth starting on
-        return meanwhile(cast(Snapshot, obj), refused)
-
     with paused_gc():  # millions of plain dicts, no cycles (core/gcpause.py)
         # in a forked child first: some pickles crash or exhaust the unpickler itself
-        loaded = load_checked(data, what, lambda raw: _unpickle(raw, what), check, early)
+        obj = load_checked(data, what, lambda raw: _unpickle(raw, what), check)
         del data
-        return LoadedSnapshot(_as_snapshot(loaded.obj), loaded.early)
+        return _as_snapshot(obj)
 
 
 def large_snapshot_note(size_bytes: int) -> str | None:

@@ -37,9 +37,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, TypeVar
 
 from allocconf_widget._errors import SnapshotError
 from allocconf_widget.core.units import MIB, format_bytes
@@ -57,7 +55,6 @@ CHECK_CPU_PER_MIB_S = 0.5
 #: moment); above it, one after the other, so an honest file's peak memory is one copy
 OVERLAP_MAX_BYTES = 64 * MIB
 _UNPICKLED, _CHECKED, _FAILED = b"U", b"C", b"E"
-T = TypeVar("T")
 _CRASHES = {signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE}
 
 
@@ -76,31 +73,9 @@ def check_cpu(size: int) -> int:
     return int(CHECK_CPU_BASE_S + CHECK_CPU_PER_MIB_S * size / MIB) + 1
 
 
-@dataclass(frozen=True)
-class Checked(Generic[T]):
-    """What :func:`load_checked` loaded, and the early work done while it was checked."""
-
-    obj: object
-    #: ``meanwhile(obj)``, computed while the child checked; None where it failed or did not run
-    early: T | None
-
-
 def load_checked(data: bytes, what: str, unpickle: Callable[[bytes], object],
-                 check: Callable[[object], None],
-                 meanwhile: Callable[[object, Callable[[], bool]], T] | None = None) -> Checked[T]:
+                 check: Callable[[object], None]) -> object:
     """``unpickle(data)``, refused unless ``check`` accepts the result; guarded by a child.
-
-    ``meanwhile(obj, refused)`` runs while the child checks ``obj``. On a file small enough to
-    be unpickled in both processes at once (the usual case), the parent would otherwise wait for
-    the child's checks with nothing to do; ``meanwhile`` is the work that comes next anyway
-    (decoding the trace), done on the other core. It sees an object the checks have not passed
-    yet, so it must be plain Python over plain data that hashes nothing it reads as it is (a
-    tuple nested 200,000 deep crashes ``hash``), and it must call ``refused()`` now and then
-    (it does not wait) and give up when it says True: a file the checks refuse for its
-    expanded size (millions of references to one entry) would otherwise keep it busy long
-    after the verdict. Its result is returned only if the checks pass, and an exception in it
-    gives ``early=None`` (the caller then does that work again on the checked object, and
-    words its own error).
 
     Raises:
         SnapshotError: from ``unpickle`` or ``check`` (the child's message, word for word), or
@@ -109,7 +84,7 @@ def load_checked(data: bytes, what: str, unpickle: Callable[[bytes], object],
     if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
         obj = unpickle(data)
         check(obj)
-        return Checked(obj, None)
+        return obj
     read_end, write_end = os.pipe()
     try:
         with warnings.catch_warnings():  # "multi-threaded, fork() may deadlock": the child
@@ -120,7 +95,7 @@ def load_checked(data: bytes, what: str, unpickle: Callable[[bytes], object],
         os.close(write_end)
         obj = unpickle(data)
         check(obj)
-        return Checked(obj, None)
+        return obj
     if pid == 0:  # pragma: no cover - the child; it never returns
         os.close(read_end)
         _child(write_end, data, what, unpickle, check)
@@ -130,25 +105,13 @@ def load_checked(data: bytes, what: str, unpickle: Callable[[bytes], object],
         child.expect(_UNPICKLED)
         if len(data) > OVERLAP_MAX_BYTES:  # one copy at a time: wait for the checks first
             child.expect(_CHECKED)
-            return Checked(unpickle(data), None)
+            return unpickle(data)
         obj = unpickle(data)  # what the child just did: it cannot crash or grow further
-        early = _early(meanwhile, obj, child.refused)
         child.expect(_CHECKED)
-        return Checked(obj, early)
+        return obj
     finally:
         os.close(read_end)
         child.reap()
-
-
-def _early(meanwhile: Callable[[object, Callable[[], bool]], T] | None, obj: object,
-           refused: Callable[[], bool]) -> T | None:
-    """``meanwhile(obj, refused)`` on the unchecked object; None where it fails or gives up."""
-    if meanwhile is None:
-        return None
-    try:
-        return meanwhile(obj, refused)
-    except Exception:  # unchecked data: any failure means "do it again later"
-        return None
 
 
 def _child(out: int, data: bytes, what: str, unpickle: Callable[[bytes], object],
@@ -262,31 +225,18 @@ class _Child:
         self.reaped = False
         self.poller = select.poll()  # not select(): it refuses descriptors above 1023
         self.poller.register(pipe, select.POLLIN | select.POLLHUP | select.POLLERR)
-        self.early_word: bytes | None = None  # a word read by refused(), for expect()
-
-    def refused(self) -> bool:
-        """Whether the child has already answered with anything but "checked" (a failure, or
-        its end), without waiting: work done meanwhile on the unchecked object can stop."""
-        if self.early_word is None:
-            if not self.poller.poll(0):
-                return False
-            self.early_word = os.read(self.pipe, 1)
-        return self.early_word != _CHECKED
 
     def expect(self, wanted: bytes) -> None:
         """Wait for the child's next word; raise what it says instead, or why it ended."""
-        if self.early_word is not None:
-            word, self.early_word = self.early_word, None
-        else:
-            while True:
-                left = self.deadline - time.monotonic()
-                if left <= 0:
-                    self.kill()
-                    raise SnapshotError(f"reading the {self.what} did not finish within "
-                                        f"{self.wall_s} s; refused")
-                if self.poller.poll(int(min(left, 1.0) * 1000)):
-                    break
-            word = os.read(self.pipe, 1)
+        while True:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                raise SnapshotError(f"reading the {self.what} did not finish within "
+                                    f"{self.wall_s} s; refused")
+            if self.poller.poll(int(min(left, 1.0) * 1000)):
+                break
+        word = os.read(self.pipe, 1)
         if word == wanted:
             return
         if word == _FAILED:

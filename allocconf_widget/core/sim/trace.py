@@ -29,11 +29,10 @@ decoder, so their later frees replay; the engine starts from its segments.
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import math
 from array import array
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -41,6 +40,7 @@ from allocconf_widget._errors import SnapshotError
 from allocconf_widget.core.gcpause import paused_gc
 from allocconf_widget.core.numbers import int_or_zero
 from allocconf_widget.core.sim.state import (
+    FREE,
     INITIAL_SEGMENTS_KEY,
     PENDING,
     RECORDED,
@@ -233,6 +233,21 @@ class Trace:
         """Reserved bytes when the trace begins (0 unless it starts from a known state)."""
         return self.initial_state.reserved_bytes if self.initial_state is not None else 0
 
+    def idle_start_segments(self) -> int:
+        """Whole cached segments of the default large pool the replay starts with.
+
+        ``garbage_collection_threshold`` releases the blocks that were idle longest first, and
+        how long these had been idle before the recording is not in the snapshot: the replay
+        takes them as idle equally long, which decides among two or more of them (cut at 38
+        points, our two GC recordings replayed from such a start within 2.5 %).
+        """
+        state = self.initial_state
+        if state is None:
+            return 0
+        return sum(1 for seg in state.segments
+                   if not seg.small and not seg.expandable and seg.pool_id == (0, 0)
+                   and all(block.state == FREE for block in seg.blocks))
+
     def recorded_reserved_peak(self) -> int:
         """Peak of reserved memory implied by the recorded segment events (from the start state)."""
         reserved = peak = self.initial_reserved_bytes
@@ -275,38 +290,16 @@ class Trace:
         return text
 
 
-class DecodeAbandoned(Exception):  # noqa: N818 - not an error: the caller asked to stop
-    """``extract_trace``'s ``abandon()`` said True: the decoding stopped part way."""
-
-
 def extract_trace(
     snapshot: Mapping[str, Any],
     device: int | None = None,
     *,
     initial_state: AllocatorState | str = "auto",
-    abandon: Callable[[], bool] | None = None,
 ) -> Trace:
     """Decode ``snapshot["device_traces"][device]``; see :func:`_extract` (this adds the
-    private pools the snapshot shows but the trace entries do not attribute).
-
-    ``abandon`` is asked every 65,536 entries whether to stop (raising
-    :class:`DecodeAbandoned`): the loader decodes while a child still checks the file, and a
-    file the checks refuse should not keep the decoder busy (``app/simulate.file_source``).
-    """
-    token = _ABANDON.set(abandon)  # read by every _Decoder this call makes, however deep
-    try:
-        with paused_gc():
-            return _extract_all(snapshot, device, initial_state)
-    finally:
-        _ABANDON.reset(token)
-
-
-#: ``extract_trace``'s ``abandon``, for the decoding passes it makes (a context variable, not an
-#: argument threaded through every helper between them; per thread and task)
-_ABANDON: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar(
-    "allocconf_decode_abandon", default=None)
-#: entries decoded between two questions to ``abandon`` (a few ms)
-_ABANDON_EVERY = 65536
+    private pools the snapshot shows but the trace entries do not attribute)."""
+    with paused_gc():
+        return _extract_all(snapshot, device, initial_state)
 
 
 def _extract_all(snapshot: Mapping[str, Any], device: int | None,
@@ -752,7 +745,6 @@ class _Decoder:
         self._seed()
         entries = self.entries
         n = len(entries)
-        abandon = _ABANDON.get()
         live = self.live
         counts = self.counts
         # what _emit does, inlined with its columns bound here: this loop runs once per entry
@@ -765,8 +757,6 @@ class _Decoder:
             if skip_next:
                 skip_next = False
                 continue
-            if abandon is not None and not idx % _ABANDON_EVERY and abandon():
-                raise DecodeAbandoned(f"asked to stop at entry {idx:,}")
             e = entries[idx]
             if type(e) is not dict and not isinstance(e, Mapping):
                 raise SnapshotError(
@@ -857,7 +847,8 @@ class _Decoder:
         if act not in _RELEASES:
             return
         prev = self.entries[idx - 1] if idx else None
-        if isinstance(prev, Mapping) and prev.get("action") in _RELEASES:
+        prev_act = prev.get("action") if isinstance(prev, Mapping) else None
+        if type(prev_act) is str and prev_act in _RELEASES:  # a string only is hashed
             return  # not the first release of its burst
         if idx in self.release_pools:
             # a private pool released (a MemPool destroyed or emptied, a graph pool freed):
