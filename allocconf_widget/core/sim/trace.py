@@ -747,11 +747,6 @@ class _Decoder:
         n = len(entries)
         live = self.live
         counts = self.counts
-        # what _emit does, inlined with its columns bound here: this loop runs once per entry
-        # (a million for a long recording), and the method call was a third of its time
-        addr_ids, default_lanes, plain = self.addr_ids, self.default_lanes, not self.attributed
-        ops_add, aids_add, sizes_add = self.ops.append, self.aids.append, self.sizes.append
-        lanes_add, index_add, times_add = self.lanes.append, self.index.append, self.times.append
         skip_next = False
         for idx in range(start, n):
             if skip_next:
@@ -771,12 +766,12 @@ class _Decoder:
             addr = e.get("addr")
             if type(addr) is not int:
                 addr = int_or_zero(addr)
-            op, size = -1, 0
             if act == "alloc":
                 live[addr] = False
-                raw = e.get("size")
-                size = raw if type(raw) is int else int_or_zero(raw)
-                op = OP_ALLOC
+                size = e.get("size")
+                self._emit(OP_ALLOC, addr, size if type(size) is int else int_or_zero(size), e, idx)
+                if self.held:
+                    self._release_held()
             elif act == "free_requested":
                 nxt = entries[idx + 1] if idx + 1 < n else None
                 fused = False
@@ -789,18 +784,18 @@ class _Decoder:
                 if addr not in live:
                     self._unknown(idx)
                 elif fused:  # a second request of a pending free completes the first one
-                    op = OP_FREE_COMPLETED if live.pop(addr) else OP_FREE
+                    self._emit(OP_FREE_COMPLETED if live.pop(addr) else OP_FREE, addr, 0, e, idx)
                 elif not live[addr]:
                     live[addr] = True
                     self.deferred += 1
-                    op = OP_FREE_REQUESTED
+                    self._emit(OP_FREE_REQUESTED, addr, 0, e, idx)
             elif act == "free_completed":
                 requested = live.pop(addr, None)
                 if requested is None:
                     self._unknown(idx)
                 else:
                     # Without a prior free_requested (skip_actions dropped it) it is a whole free.
-                    op = OP_FREE_COMPLETED if requested else OP_FREE
+                    self._emit(OP_FREE_COMPLETED if requested else OP_FREE, addr, 0, e, idx)
             elif act in _SEG_CODES:
                 self._segment(idx, e, act)
             elif act == "oom":
@@ -808,30 +803,8 @@ class _Decoder:
                 self.ooms.append(
                     RecordedOom(idx, size, int_or_zero(e.get("device_free")), int_or_zero(e.get("stream")))
                 )
-                op, addr = OP_OOM, -1
+                self._emit(OP_OOM, -1, size, e, idx)
             # "snapshot", "annotate" and unknown actions change no allocator state.
-            if op < 0:
-                continue
-            aid = addr_ids.get(addr)
-            if aid is None:
-                aid = addr_ids[addr] = len(addr_ids)
-            ops_add(op)
-            aids_add(aid)
-            sizes_add(size)
-            stream = e.get("stream")
-            if (type(stream) is int and plain and "pool_id" not in e
-                    and "segment_pool_id" not in e and "mempool_id" not in e):
-                lane = default_lanes.get(stream)
-                if lane is None:
-                    lane = default_lanes[stream] = self._lane(e, idx)
-            else:
-                lane = self._lane(e, idx)
-            lanes_add(lane)
-            index_add(idx)
-            stamp = e.get("time_us")
-            times_add(stamp if type(stamp) is int else int_or_zero(stamp))
-            if op == OP_ALLOC and self.held:
-                self._release_held()
         if self.held:
             self._release_held()
         self._seed_lanes()
