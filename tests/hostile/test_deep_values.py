@@ -2,11 +2,11 @@
 
 Such a value unpickles without harm (nothing hashes it while unpickling) and the checks refuse
 it (too deep), but hashing it overflows the C stack and kills the process: the notebook's
-kernel. Since the trace is decoded while the checking child runs (``load_snapshot_meanwhile``),
-the decoder reads values no check has passed yet, so it must never hash one as it is (a
-``value in {...}`` test is a hash). This walks a snapshot holding every kind of entry and key
-the decoder reads, and replaces each value in turn, in one fresh interpreter that loads every
-case the way ``allocconf simulate FILE`` does.
+kernel. So nothing may hash a value read from the file before the checks have passed (round 12
+tried decoding the trace while the checking child ran, and the first case of this test crashed
+it: a set lookup of the action). This walks a snapshot holding every kind of entry and key the
+decoder reads, and replaces each value in turn, in one fresh interpreter that loads every case
+the way ``allocconf simulate FILE`` does.
 """
 
 from __future__ import annotations
