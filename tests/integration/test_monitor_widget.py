@@ -182,7 +182,8 @@ def test_the_replay_shows_fragmentation_and_cuts_the_idle_start(comms):
     html = view.chart.widget.value
     assert "idle 6.3 s skipped" in html  # visible, not only on hover
     assert "external fragmentation <b>89.1%</b>" in html
-    assert "fragmentation <b>89.1%</b>" in view.status.value
+    # the status line is redrawn after the replay ends (not in the same step): read it once it is
+    assert _wait(lambda: "fragmentation <b>89.1%</b>" in view.status.value, timeout=5), view.status.value
 
 
 # ----------------------------------------------------------------- throttling and payload
