@@ -276,9 +276,7 @@ def simulate_many(
         nonlocal done
         got = results[j]
         assert got is not None
-        # a self-check's score belongs to the row that asked for it
-        results[i] = dataclasses.replace(got, settings=settings,
-                                         fidelity=got.fidelity if flags[i] else None)
+        results[i] = dataclasses.replace(got, settings=settings)  # its score: see the return
         done += 1
         report()
 
@@ -296,7 +294,8 @@ def simulate_many(
     replay(again)
     for i, j in same.items():
         reuse(i, j, configs[i])
-    # a replay that checked for a repeat of its settings keeps no score it was not asked for
+    # a self-check's score belongs only to the rows that asked for it (a repeat or a twin may
+    # have taken its result from the checked replay)
     return [r if flags[i] or r.fidelity is None else dataclasses.replace(r, fidelity=None)
             for i, r in enumerate(results) if r is not None]
 
