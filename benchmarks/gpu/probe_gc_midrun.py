@@ -15,8 +15,7 @@ Each prints the real peak reserved and segment counts of its recorded window, an
 (the use case every front end calls, under the recorded settings). The snapshots go to
 ``--out`` for a replay on the CPU. Usage: ``python benchmarks/gpu/probe_gc_midrun.py --out DIR``.
 
-Not run yet (round 12: no device machine was lent after the session's first call). What to
-look for: docs/simulator.md, "Garbage collection and a start state's idle segments".
+What to look for: docs/simulator.md, "Garbage collection and a start state's idle segments".
 """
 
 from __future__ import annotations
@@ -48,6 +47,7 @@ def stats():
 if scenario == "midrun":
     lightning_bf16(torch.device("cuda"), steps.append, steps=10)
 max_entries = 4000 if scenario == "partial" else 3_000_000
+torch.cuda.reset_peak_memory_stats(0)  # the window's peak, not the unrecorded first fit's
 a0, f0 = stats()
 with record(max_entries=max_entries) as rec:
     lightning_bf16(torch.device("cuda"), steps.append, steps=20 if scenario == "midrun" else 30)
