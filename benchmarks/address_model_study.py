@@ -17,7 +17,8 @@ study measures the model on the 66 recorded H200 / torch 2.11 runs in three part
    (as ``benchmarks/fidelity.py``). The old model ("top-down, newest lowest, never
    reused") and the new one side by side.
 
-Usage: ``python benchmarks/address_model_study.py [--data benchmarks/data] [--markdown]``
+Usage: ``python benchmarks/address_model_study.py [--data benchmarks/data] [--markdown]
+[--archives cnn,streams]``
 """
 
 from __future__ import annotations
@@ -65,8 +66,11 @@ class Run:
         return bool(self.meta["allocator_settings"].get("expandable_segments"))
 
 
-def load_runs(data: Path, workdir: Path) -> dict[str, Run]:
+def load_runs(data: Path, workdir: Path, archives: set[str] | None = None) -> dict[str, Run]:
+    """Every run of the archives in ``data`` (only those named in ``archives``, when given)."""
     for archive in sorted(data.glob("*.tar.xz")):
+        if archives is not None and archive.name.removesuffix(".tar.xz") not in archives:
+            continue
         with tarfile.open(archive) as tar:
             tar.extractall(workdir, filter="data")
     runs = {}
@@ -353,9 +357,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data", type=Path, default=ROOT / "benchmarks" / "data")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--archives", help="comma-separated archive names (e.g. cnn,streams); "
+                        "default: every archive in --data")
     args = parser.parse_args()
+    archives = set(args.archives.split(",")) if args.archives else None
     with tempfile.TemporaryDirectory() as tmp:
-        runs = load_runs(args.data, Path(tmp))
+        runs = load_runs(args.data, Path(tmp), archives)
+    if not runs:
+        parser.error(f"no recorded runs in {args.data} for --archives {args.archives}")
     print(f"{len(runs)} recorded runs\n")
     observed(runs)
     placement_rules(runs)

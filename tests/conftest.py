@@ -10,6 +10,8 @@
 * Tests using the real-kernel or browser fixtures are marked ``kernel`` / ``browser``
   automatically (the test modules also say so explicitly); those on the JupyterLab 4 /
   Notebook 7 server also ``jupyterlab`` (CI's Colab cell, on classic Notebook 6, leaves them out).
+* Tests that exercise only the stdlib core are marked ``pure`` (tests/stack_independence.py):
+  CI runs them on its main stack only.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.stack_independence import is_pure_test_module
+
 ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
 THREAD_PREFIX = "allocconf"
 THREAD_GRACE_S = 1.0
@@ -30,6 +34,9 @@ THREAD_GRACE_S = 1.0
 _KERNEL_FIXTURES = {"kernel", "kernel_factory"}
 _BROWSER_FIXTURES = {"browser_page", "chromium", "notebook_page"}
 _LAB_FIXTURES = {"jupyter_server", "browser_page", "notebook_page"}  # the JupyterLab 4 server
+# fixtures a `pure` test may use: this file's own and pytest's (tests/stack_independence.py)
+_PURE_FIXTURES = {"request", "tmp_path", "tmp_path_factory", "monkeypatch", "capsys", "capfd",
+                  "recwarn", "caplog", "xdg_config_home", "_isolated_alloc_env", "_no_thread_leaks"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -78,7 +85,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             "tests/e2e/test_classic_notebook.py")
         if names & _LAB_FIXTURES or lab_module:
             item.add_marker(pytest.mark.jupyterlab)
+        if is_pure_test_module(Path(str(item.path))) and all(
+                _fixture_is_pure(item, name) for name in names):
+            item.add_marker(pytest.mark.pure)
         _mark_not_yet_version_aware(item)
+
+
+def _fixture_is_pure(item: pytest.Item, name: str) -> bool:
+    """pytest's own, this file's, a parameter, or one defined in the (pure) test module itself."""
+    if name in _PURE_FIXTURES or name in getattr(getattr(item, "callspec", None), "params", {}):
+        return True
+    info = getattr(item, "_fixtureinfo", None)
+    definitions = info.name2fixturedefs.get(name, ()) if info is not None else ()
+    module = getattr(getattr(item, "module", None), "__name__", None)
+    return bool(definitions) and all(
+        getattr(d.func, "__module__", None) == module for d in definitions)
 
 
 @functools.cache

@@ -34,8 +34,8 @@ CASES = [
     (["bench_metrics.py", "--repeat", "1"], "ms"),
     (["bench_predict.py"], "budget"),
     (["bench_chart_payload.py"], "SVG"),
-    (["fidelity.py", "--workloads", "d2h,batchfind"], "real peaks inside their range"),
-    (["address_model_study.py"], "peak reserved exact"),
+    (["fidelity.py", "--workloads", "pipe2,batchfind"], "real peaks inside their range"),
+    (["address_model_study.py", "--archives", "cnn,streams"], "peak reserved exact"),
 ]
 
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from allocconf_widget.app.simulate import SimulationRequest, file_source, simulate
+import pytest
+
+from allocconf_widget.app.simulate import SimulationRequest, TraceSource, file_source, simulate
+from allocconf_widget.core.versions import TorchVersion
+from tests.snapshot_builders import block, segment
+from tests.unit.test_simulator_start_state import BASE, MiB, entry, seeded
 
 TRACE = Path(__file__).resolve().parents[1] / "data" / "growing__frac_default.pickle.gz"
 GC = "garbage_collection_threshold:0.6"
@@ -31,3 +36,22 @@ def test_the_note_stays_without_a_fraction(tmp_path):
     alone = tmp_path / TRACE.name  # without its sidecar: no fraction known
     shutil.copy(TRACE, alone)
     assert "does nothing unless a memory fraction" in _notes(None, alone)
+
+
+@pytest.mark.parametrize(("fraction", "noted"), [(0.5, True), (None, False)])
+def test_gc_rows_from_a_start_with_idle_segments_say_their_order_is_a_guess(
+        fraction: float | None, noted: bool) -> None:
+    """Two cached segments at the start: how long each was idle decides which the collector
+    releases first, and no snapshot says; a report with garbage-collection rows under a limit
+    says so (without a limit the collector never runs, and nothing is said)."""
+    idle = [segment(block(size, "inactive"), address=BASE + offset)
+            for size, offset in ((64 * MiB, 0), (80 * MiB, 128 * MiB))]
+    entries = [entry("alloc", BASE + 512 * MiB, 150 * MiB)]
+    source = TraceSource(seeded(idle, entries), "cut mid-run", TorchVersion(2, 11),
+                         device_total=400 * MiB, non_pytorch_bytes=0)
+    report = simulate(source, SimulationRequest(
+        confs=("", "garbage_collection_threshold:0.6"), fraction=fraction))
+    said = [n for n in report.notes if "idle" in n]
+    assert bool(said) == noted, report.notes
+    if noted:
+        assert "2 cached segments" in said[0] and "garbage_collection_threshold" in said[0]

@@ -463,25 +463,3 @@ def test_notebook_recorded_state_equals_backward_reconstruction() -> None:
     assert recorded is not None and rebuilt is not None
     assert rebuilt.source == RECONSTRUCTED
     assert rebuilt.same_as(recorded), rebuilt.differences(recorded)
-
-
-@pytest.mark.parametrize(("fraction", "noted"), [(0.5, True), (None, False)])
-def test_gc_rows_from_a_start_with_idle_segments_say_their_order_is_a_guess(
-        fraction: float | None, noted: bool) -> None:
-    """Two cached segments at the start: how long each was idle decides which the collector
-    releases first, and no snapshot says; a report with garbage-collection rows under a limit
-    says so (without a limit the collector never runs, and nothing is said)."""
-    from allocconf_widget.app.simulate import SimulationRequest, TraceSource
-    from allocconf_widget.app.simulate import simulate as simulate_report
-
-    idle = [segment(block(size, "inactive"), address=BASE + offset)
-            for size, offset in ((64 * MiB, 0), (80 * MiB, 128 * MiB))]
-    entries = [entry("alloc", BASE + 512 * MiB, 150 * MiB)]
-    source = TraceSource(seeded(idle, entries), "cut mid-run", TorchVersion(2, 11),
-                         device_total=400 * MiB, non_pytorch_bytes=0)
-    report = simulate_report(source, SimulationRequest(
-        confs=("", "garbage_collection_threshold:0.6"), fraction=fraction))
-    said = [n for n in report.notes if "idle" in n]
-    assert bool(said) == noted, report.notes
-    if noted:
-        assert "2 cached segments" in said[0] and "garbage_collection_threshold" in said[0]
