@@ -36,7 +36,8 @@ _BROWSER_FIXTURES = {"browser_page", "chromium", "notebook_page"}
 _LAB_FIXTURES = {"jupyter_server", "browser_page", "notebook_page"}  # the JupyterLab 4 server
 # fixtures a `pure` test may use: this file's own and pytest's (tests/stack_independence.py)
 _PURE_FIXTURES = {"request", "tmp_path", "tmp_path_factory", "monkeypatch", "capsys", "capfd",
-                  "recwarn", "caplog", "xdg_config_home", "_isolated_alloc_env", "_no_thread_leaks"}
+                  "recwarn", "caplog", "xdg_config_home", "_isolated_alloc_env", "_no_thread_leaks",
+                  "_pure_tests_never_ask_the_installed_torch"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -163,6 +164,23 @@ def _suspects(before: set[threading.Thread]) -> list[threading.Thread]:
         for t in threading.enumerate()
         if t not in before and t.is_alive() and (not t.daemon or t.name.lower().startswith(THREAD_PREFIX))
     ]
+
+
+@pytest.fixture(autouse=True)
+def _pure_tests_never_ask_the_installed_torch(request: pytest.FixtureRequest,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``pure`` test runs on the main stack only, so it must not depend on which torch is
+    installed: the one way the core reads it (``core.versions.installed_torch_version``, behind
+    a ``torch_version=None`` default) fails the test here, in every cell."""
+    if request.node.get_closest_marker("pure") is None:
+        return
+    from allocconf_widget.core import versions
+
+    def refuse() -> None:
+        pytest.fail("this test is marked pure (tests/stack_independence.py) but asked for the "
+                    "installed torch's version: pass torch_version explicitly", pytrace=True)
+
+    monkeypatch.setattr(versions, "installed_torch_version", refuse)
 
 
 @pytest.fixture(autouse=True)

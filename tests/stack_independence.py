@@ -15,7 +15,9 @@ that is itself pure, or a standard-library module that cannot reach another stac
 read installed versions), ``runpy``, ``ctypes`` or ``asyncio``. Only ``tests/unit`` and
 ``tests/hostile`` qualify: the other folders' fixtures start kernels, servers and browsers.
 When in doubt (a relative import, a file that does not parse) a module is not pure, so the
-worst a mistake costs is a test run once more than it needs to.
+worst a mistake costs is a test run once more than it needs to. The core can still read the
+installed torch through a ``torch_version=None`` default; ``tests/conftest.py`` makes that call
+fail in a pure test.
 """
 
 from __future__ import annotations

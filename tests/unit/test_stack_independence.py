@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from allocconf_widget.core.versions import default_version
 from tests.stack_independence import TESTS, _imports_only_pure, is_pure_test_module
 
 
@@ -52,5 +53,9 @@ def test_only_the_unit_and_hostile_folders_qualify() -> None:
 
 
 def test_the_marker_reaches_the_collected_items(request: pytest.FixtureRequest) -> None:
-    """This module is itself pure: conftest gave this very test the marker."""
+    """This module is itself pure: conftest gave this very test the marker, and with it the
+    guard that fails a pure test reading the installed torch (through a ``torch_version=None``
+    default of the core)."""
     assert request.node.get_closest_marker("pure") is not None
+    with pytest.raises(pytest.fail.Exception, match="asked for the installed torch"):
+        default_version()
