@@ -173,6 +173,7 @@ class Engine:
         self.num_device_alloc = self.num_device_free = self.num_alloc_retries = 0
         self.num_ooms = self.num_oom_rejections = self.num_sync_all_streams = 0
         self.recorded_ooms = self.recorded_ooms_avoided = 0
+        self.largest_segment = 0  # bytes of the largest segment held at any time (start state too)
         self.first_avoided: int | None = None  # event index of the first recorded OOM that fits now
         self.rejected = False
         self.oom: PredictedOom | None = None
@@ -309,6 +310,7 @@ class Engine:
             program_catches_ooms=trace.program_catches_ooms(),
             oom_fatal=self.oom is not None and not trace.program_catches_ooms(),
             path_changes_at=self.first_avoided if trace.program_catches_ooms() else None,
+            largest_segment_bytes=self.largest_segment,
         )
 
     # ---------------------------------------------------------------- hot loop
@@ -625,6 +627,7 @@ class Engine:
         if rules.usable is not None and self.reserved + seg > rules.usable:
             return None  # cudaMalloc fails
         addr = self.segment_address(seg)
+        self.largest_segment = max(self.largest_segment, seg)
         blk = Block(addr, seg, fl, None, self.new_tb(addr))
         self.grow_reserved(seg)
         self.num_device_alloc += 1
@@ -720,6 +723,7 @@ class Engine:
         runs are re-assembled into reservations (see :func:`.expandable.seed_reservations`).
         """
         trace = self.trace
+        self.largest_segment = max((seg.total_size for seg in state.segments), default=0)
         keys = zip(trace.lane_pools, trace.lane_streams, strict=True)
         lane_of = {key: lane for lane, key in enumerate(keys)}
         lists = {(lane, small): (self.small_lists if small else self.large_lists)[lane]

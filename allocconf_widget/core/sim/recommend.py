@@ -362,25 +362,43 @@ def _reason(kind: str, s: SimSettings, r: SimResult, base: SimResult, defaults: 
                  "so the program's OOM handler would not run and what it does next (a larger batch, "
                  "say) is not in the recording: peaks after that event are not predicted")
     plain = defaults.peak_reserved_bytes
-    if new == plain and kind not in ("defaults", "recorded"):
+    idle = _idle_split_words(s, r)
+    if kind == "max_split" and idle:
+        why = idle  # the advice pasted most often, on a trace where it cannot do anything
+    elif new == plain and kind not in ("defaults", "recorded"):
         why = "on this trace it reserves what torch's defaults reserve at the peak"
+        if idle:
+            why += "; " + idle
     else:
-        why = _why(kind, s, better=new <= plain).format(**params)
+        why = _why(kind, s, better=new <= plain, idle_split=bool(idle)).format(**params)
+        if idle:
+            why = "; ".join(filter(None, (why, idle)))
     return f"{head}: {why}{_timing_words(r)}"
 
 
-def _why(kind: str, s: SimSettings, *, better: bool) -> str:
+def _idle_split_words(s: SimSettings, r: SimResult) -> str:
+    """Where a ``max_split_size_mb`` can never act on this trace (no segment as large, in any
+    GPU timing: simulate_many's twin rule), say so, else ''."""
+    if s.max_split_bytes is None or s.expandable_segments or r.largest_segment_bytes >= s.max_split_bytes:
+        return ""
+    return (f"no segment here reaches the split limit of {format_bytes(s.max_split_bytes)} (the "
+            f"largest is {format_bytes(r.largest_segment_bytes)}), so that limit never acts")
+
+
+def _why(kind: str, s: SimSettings, *, better: bool, idle_split: bool = False) -> str:
+    """The mechanism of ``kind`` (of each option, for a combination), for a row better or
+    worse than torch's defaults; an idle split limit (``idle_split``) is said apart."""
     if kind in ("combo", "extra"):
         parts = []
         if s.expandable_segments:
             parts.append("expandable")
-        if s.max_split_bytes is not None:
+        if s.max_split_bytes is not None and not idle_split:
             parts.append("max_split")
         if any(s.roundup_slots):
             parts.append("roundup")
         if s.gc_threshold:
             parts.append("gc")
         table = _WHY_BETTER if better else _WHY_WORSE
-        return "; ".join(table[p] for p in parts) or table["defaults"]
+        return "; ".join(table[p] for p in parts) or ("" if idle_split else table["defaults"])
     table = _WHY_BETTER if better else _WHY_WORSE
     return table.get(kind, table["defaults"])

@@ -240,6 +240,9 @@ class SimResult:
     peak_reserved_range: tuple[int, int] | None = None
     #: a timing within that range runs out of memory where this replay did not
     timing_oom: bool = False
+    #: the largest classic segment held at any moment (the start state's included), in any GPU
+    #: timing the range covers: a ``max_split_size_mb`` above it could never act (simulate_many)
+    largest_segment_bytes: int = 0
 
     @property
     def reserved_range(self) -> tuple[int, int]:

@@ -132,14 +132,17 @@ def _with_timing_range(
     if variants is None:
         return result
     peaks = [result.peak_reserved_bytes]
+    largest = result.largest_segment_bytes
     timing_oom = False
     for variant in (variants.early, variants.late):
         other = Engine(variant, settings, device_total=device_total, non_pytorch_bytes=non_pytorch_bytes,
                        stop_at_oom=stop_at_oom).run(1)
         peaks.append(other.peak_reserved_bytes)
+        largest = max(largest, other.largest_segment_bytes)
         if result.oom is None and other.oom is not None and not other.oom.recorded:
             timing_oom = True
-    return dataclasses.replace(result, peak_reserved_range=(min(peaks), max(peaks)), timing_oom=timing_oom)
+    return dataclasses.replace(result, peak_reserved_range=(min(peaks), max(peaks)), timing_oom=timing_oom,
+                               largest_segment_bytes=largest)
 
 
 def replay_state(
@@ -235,10 +238,12 @@ def simulate_many(
     front end can show how far a slow comparison has got. ``timing`` holds a
     :func:`simulate` ``timing`` flag per configuration (default: all on).
 
-    A ``garbage_collection_threshold`` setting whose twin without it is in the list too is
-    replayed after the others, and only where the collector could act: where the twin never
-    reserved more than the threshold allows, the replay would be the twin's step for step
-    (:func:`_gc_never_acts`), and the twin's result is returned under its own settings.
+    A setting with ``garbage_collection_threshold`` or ``max_split_size_mb`` whose twin
+    without them is in the list too is replayed after the others, and only where they could
+    act: where the twin never reserved more than the threshold allows (:func:`_gc_never_acts`)
+    and never held a segment as large as the split limit (:func:`_split_never_acts`), the
+    replay would be the twin's step for step, and the twin's result is returned under its own
+    settings.
     """
     configs = list(settings_list)
     base: dict[str, Any] = {
@@ -281,13 +286,13 @@ def simulate_many(
         report()
 
     same = _same_replays(configs, per_config)
-    twins = _gc_twins(configs, per_config, same)
+    twins = _twins(configs, per_config, same)
     replay([i for i in range(total) if i not in twins and i not in same])
     again = []
     for i, j in twins.items():
         twin = results[j]
-        assert twin is not None
-        if _gc_never_acts(trace, configs[i], twin, device_total, non_pytorch_bytes):
+        assert twin is not None  # a twin is never a twin's: it replayed above
+        if _twin_replays_alike(trace, configs[i], twin, device_total, non_pytorch_bytes):
             reuse(i, j, configs[i])
         else:
             again.append(i)
@@ -337,22 +342,71 @@ def _replay_all(trace: Trace, configs: list[SimSettings], kwargs: list[dict[str,
         yield simulate(trace, s, **kw)
 
 
-def _gc_twins(configs: list[SimSettings], kwargs: list[dict[str, Any]],
-              same: Mapping[int, int]) -> dict[int, int]:
-    """Each ``garbage_collection_threshold`` setting whose twin without it (the same settings
-    and timing flag, threshold 0) is replayed too: index -> the twin's index. A setting that
-    is a repeat of another (``same``) takes that one's result instead."""
-    plain: dict[tuple[SimSettings, bool], int] = {}
+def _twins(configs: list[SimSettings], kwargs: list[dict[str, Any]],
+           same: Mapping[int, int]) -> dict[int, int]:
+    """Each setting with ``garbage_collection_threshold`` or ``max_split_size_mb`` (not with
+    expandable segments) whose twin is replayed too: the same settings and timing flag without
+    both, else without one of them. index -> the twin's index. A twin is never itself a twin
+    (settings with fewer of the two options are decided first), so it replays with the first
+    batch. A repeat of another setting (``same``) takes that one's result instead; a setting
+    with a self-check is always replayed."""
+    first: dict[tuple[SimSettings, bool], int] = {}
     for i, (s, kw) in enumerate(zip(configs, kwargs, strict=True)):
-        if s.gc_threshold == 0.0 and i not in same:
-            plain.setdefault((s, kw["timing"]), i)
-    twins = {}
-    for i, (s, kw) in enumerate(zip(configs, kwargs, strict=True)):
-        if s.gc_threshold > 0.0 and not kw["check"] and i not in same:
-            j = plain.get((dataclasses.replace(s, gc_threshold=0.0), kw["timing"]))
-            if j is not None:
+        if i not in same:
+            first.setdefault((s, kw["timing"]), i)
+    twins: dict[int, int] = {}
+    candidates = [i for i, kw in enumerate(kwargs) if not kw["check"] and i not in same]
+    for i in sorted(candidates, key=lambda i: len(_twin_options(configs[i]))):
+        for stripped in _without_twin_options(configs[i]):
+            j = first.get((stripped, kwargs[i]["timing"]))
+            if j is not None and j not in twins:
                 twins[i] = j
+                break
     return twins
+
+
+def _twin_options(s: SimSettings) -> tuple[str, ...]:
+    """The options of ``s`` a twin may lack: the collector's threshold, and the split limit
+    where segments are classic (an expandable segment grows past any size)."""
+    return ((("gc",) if s.gc_threshold > 0.0 else ())
+            + (("split",) if s.max_split_bytes is not None and not s.expandable_segments else ()))
+
+
+def _without_twin_options(s: SimSettings) -> list[SimSettings]:
+    """``s`` without all of its twin options, then without each one alone."""
+    options = _twin_options(s)
+
+    def without(names: tuple[str, ...]) -> SimSettings:
+        return dataclasses.replace(
+            s, gc_threshold=0.0 if "gc" in names else s.gc_threshold,
+            max_split_bytes=None if "split" in names else s.max_split_bytes)
+
+    if not options:
+        return []
+    alone = [(name,) for name in options] if len(options) > 1 else []
+    return [without(options)] + [without(names) for names in alone]
+
+
+def _twin_replays_alike(trace: Trace, s: SimSettings, twin: SimResult, device_total: int | None,
+                        non_pytorch_bytes: int) -> bool:
+    """Whether the replay of ``s`` would be its twin's, step for step: every option the twin
+    lacks could never act in it (the two replays stay alike until one would first act)."""
+    t = twin.settings
+    if s.gc_threshold != t.gc_threshold and not _gc_never_acts(
+            trace, s, twin, device_total, non_pytorch_bytes):
+        return False
+    return s.max_split_bytes == t.max_split_bytes or _split_never_acts(s, twin)
+
+
+def _split_never_acts(s: SimSettings, twin: SimResult) -> bool:
+    """``max_split_size_mb`` changes only what happens to blocks at least that large (torch's
+    ``get_free_block``, ``should_split`` and ``release_available_cached_blocks`` all ask
+    ``size >= max_split_size`` of a block or a request first, and a block is never larger than
+    its segment). Where the twin never held a segment that large, in any GPU timing, no block
+    or served request was; a request that large that found no block failed in the twin too,
+    and ``release_available_cached_blocks``, finding no oversize block, frees nothing there."""
+    assert s.max_split_bytes is not None
+    return twin.largest_segment_bytes < s.max_split_bytes
 
 
 def _gc_never_acts(trace: Trace, s: SimSettings, twin: SimResult, device_total: int | None,
