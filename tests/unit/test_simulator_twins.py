@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from allocconf_widget.core.memory.snapshot import load_snapshot
+from allocconf_widget.core.sim.result import SimResult
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import extract_trace, simulate, simulate_many
 from allocconf_widget.core.sim.trace import Trace
@@ -43,8 +44,8 @@ def _mixed_sizes() -> Trace:
     return b.build()
 
 
-def _alike(a: object, b: object) -> bool:
-    return dataclasses.replace(a, seconds=0.0) == dataclasses.replace(b, seconds=0.0)  # type: ignore[type-var]
+def _alike(a: SimResult, b: SimResult) -> bool:
+    return dataclasses.replace(a, seconds=0.0) == dataclasses.replace(b, seconds=0.0)
 
 
 @pytest.mark.parametrize(("split_mib", "reused"), [(64, False), (200, False), (201, True), (4096, True)])
