@@ -19,7 +19,9 @@ from allocconf_widget.core.sim.result import SimResult
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import extract_trace, simulate, simulate_many
 from allocconf_widget.core.sim.trace import Trace
+from tests.snapshot_builders import block, segment
 from tests.trace_builder import TraceBuilder
+from tests.unit.test_simulator_start_state import BASE, entry, free, seeded
 
 MiB = 1 << 20
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -137,3 +139,20 @@ def test_the_reason_says_a_split_limit_never_acts_where_no_segment_reaches_it() 
     combo = reasons["max_split_size_mb:1024,roundup_power2_divisions:4"]
     assert "split limit of 1.00 GiB" in combo and "never acts" in combo and "never split" not in combo
     assert "never acts" not in reasons["max_split_size_mb:128"]
+
+
+def test_a_start_states_cached_segment_counts_as_held() -> None:
+    """A recording that starts mid-run with a 300 MiB segment cached: a 256 MiB split limit can
+    act on that block (it is oversize, so a 40 MiB request does not split it) even though the
+    replay never creates a segment that large; a 512 MiB limit cannot."""
+    idle = [segment(block(300 * MiB, "inactive"), address=BASE)]
+    entries = [entry("alloc", BASE + 1024 * MiB, 40 * MiB), *free(BASE + 1024 * MiB, 40 * MiB),
+               entry("alloc", BASE + 1100 * MiB, 40 * MiB)]
+    trace = extract_trace(seeded(idle, entries))
+    plain, acts, idle_limit = _s(), _s(max_split_bytes=256 * MiB), _s(max_split_bytes=512 * MiB)
+    many = simulate_many(trace, [acts, idle_limit, plain], workers=1)
+    assert many[2].largest_segment_bytes == 300 * MiB
+    for s, got in zip((acts, idle_limit, plain), many, strict=True):
+        assert _alike(got, simulate(trace, s)), s.describe()
+    assert many[0].seconds != many[2].seconds and many[1].seconds == many[2].seconds
+    assert many[0].num_device_alloc != many[2].num_device_alloc  # the limit did act
