@@ -122,9 +122,11 @@ def _fast_demo_view(renderer: str = "svg", speed: float = 4.0, skip_idle: float 
 def test_demo_replay_renders_the_recording_and_says_it_is_one(comms):
     view = _watched_view(comms, _fast_demo_view()).start()
     assert _wait(lambda: "replay finished" in view.status.value, timeout=15)
+    # the last redraw of the chart may come a moment after the status line's
+    assert _wait(lambda: "peak reserved 10.69 GiB" in view.chart.widget.value, timeout=10), \
+        view.chart.widget.value  # the real H200 run's peak
     html = view.chart.widget.value
     assert "Recording: " in html and "<svg" in html
-    assert "peak reserved 10.69 GiB" in html  # the real H200 run's peak
     assert "Recording:" in view.header.value and "not this machine" in view.header.value
     assert "replay finished" in view.status.value
     assert f"{len(load_demo().samples)} samples" in view.status.value
@@ -179,11 +181,13 @@ def test_the_replay_shows_fragmentation_and_cuts_the_idle_start(comms):
     assert payload.span[1] < recording_s - 5  # the 6.3 s of set-up shown as 0.5 s
     idle = [m for m in payload.markers if m.kind == "idle"]
     assert len(idle) == 1 and idle[0].label == "idle 6.3 s skipped"
-    html = view.chart.widget.value
-    assert "idle 6.3 s skipped" in html  # visible, not only on hover
-    assert "external fragmentation <b>89.1%</b>" in html
-    # the status line is redrawn after the replay ends (not in the same step): read it once it is
-    assert _wait(lambda: "fragmentation <b>89.1%</b>" in view.status.value, timeout=5), view.status.value
+    # the chart and the status line are redrawn after the replay thread ends (throttled, not
+    # in the same step; CI's torch-1.13 cell once read the chart before it, "no samples yet",
+    # on a loaded machine): read them once they are
+    assert _wait(lambda: "idle 6.3 s skipped" in view.chart.widget.value, timeout=10), \
+        view.chart.widget.value  # visible, not only on hover
+    assert "external fragmentation <b>89.1%</b>" in view.chart.widget.value
+    assert _wait(lambda: "fragmentation <b>89.1%</b>" in view.status.value, timeout=10), view.status.value
 
 
 # ----------------------------------------------------------------- throttling and payload
