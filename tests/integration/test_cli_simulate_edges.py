@@ -14,10 +14,8 @@ from typing import Any
 
 from allocconf_widget.core.sim.recommend import recommend
 from allocconf_widget.core.units import format_bytes
-from tests.trace_builder import TraceBuilder
-from tests.unit.test_simulator_edges import _extract
+from tests.unit.test_simulator_edges import _extract, one_free_waiting_on_another_stream
 
-MiB = 1 << 20
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -42,13 +40,7 @@ def test_the_batch_finder_recorded_on_the_h200_is_never_called_dead(tmp_path: Pa
 
 
 def test_the_text_view_and_the_reasons_show_the_range(tmp_path: Path) -> None:
-    b = TraceBuilder()
-    x = b.alloc(30 * MiB)
-    b.free_requested(x)
-    y = b.alloc(30 * MiB)
-    b.free_completed(x)
-    b.free(y)
-
+    b = one_free_waiting_on_another_stream()
     rec = recommend(b.build(), torch_version=(2, 11), workers=1)
     ranged = [c for c in rec.candidates if c.result.timing_dependent]
     assert ranged and rec.current in ranged

@@ -136,16 +136,20 @@ def test_a_trace_without_cross_stream_frees_has_a_point_range() -> None:
     assert not result.timing_dependent
 
 
-def test_a_free_waiting_on_another_stream_gives_a_range() -> None:
-    # a 30 MiB block freed with record_stream completes only after the next 30 MiB request:
-    # as recorded a second segment is needed; had the GPU caught up, one would do
+def one_free_waiting_on_another_stream() -> TraceBuilder:
+    """A 30 MiB block freed with record_stream completes only after the next 30 MiB request:
+    as recorded a second segment is needed; had the GPU caught up, one would do."""
     b = TraceBuilder()
     x = b.alloc(30 * MiB)
     b.free_requested(x)
     y = b.alloc(30 * MiB)
     b.free_completed(x)
     b.free(y)
-    result = simulate(b.build(), SimSettings())
+    return b
+
+
+def test_a_free_waiting_on_another_stream_gives_a_range() -> None:
+    result = simulate(one_free_waiting_on_another_stream().build(), SimSettings())
     assert result.peak_reserved_bytes == 60 * MiB
     assert result.reserved_range == (30 * MiB, 60 * MiB)
     assert result.to_json()["peak_reserved_range_bytes"] == [30 * MiB, 60 * MiB]
