@@ -34,10 +34,6 @@ THREAD_GRACE_S = 1.0
 _KERNEL_FIXTURES = {"kernel", "kernel_factory"}
 _BROWSER_FIXTURES = {"browser_page", "chromium", "notebook_page"}
 _LAB_FIXTURES = {"jupyter_server", "browser_page", "notebook_page"}  # the JupyterLab 4 server
-# fixtures a `pure` test may use: this file's own and pytest's (tests/stack_independence.py)
-_PURE_FIXTURES = {"request", "tmp_path", "tmp_path_factory", "monkeypatch", "capsys", "capfd",
-                  "recwarn", "caplog", "xdg_config_home", "_isolated_alloc_env", "_no_thread_leaks",
-                  "_pure_tests_never_ask_the_installed_torch"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -93,14 +89,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _fixture_is_pure(item: pytest.Item, name: str) -> bool:
-    """pytest's own, this file's, a parameter, or one defined in the (pure) test module itself."""
-    if name in _PURE_FIXTURES or name in getattr(getattr(item, "callspec", None), "params", {}):
+    """pytest's own, this file's, a parameter, or one defined in the (pure) test module itself
+    (tests/stack_independence.py); decided by where the fixture is defined."""
+    if name == "request" or name in getattr(getattr(item, "callspec", None), "params", {}):
         return True
     info = getattr(item, "_fixtureinfo", None)
     definitions = info.name2fixturedefs.get(name, ()) if info is not None else ()
-    module = getattr(getattr(item, "module", None), "__name__", None)
+    allowed = {__name__, getattr(getattr(item, "module", None), "__name__", None)}
     return bool(definitions) and all(
-        getattr(d.func, "__module__", None) == module for d in definitions)
+        (module := getattr(d.func, "__module__", None)) in allowed or str(module).startswith("_pytest.")
+        for d in definitions)
 
 
 @functools.cache
