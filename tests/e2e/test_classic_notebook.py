@@ -120,6 +120,9 @@ def _start_classic_server(root: Path, timeout: float = 120.0) -> JupyterServer:
 class ClassicNotebook(NotebookUI):
     """A notebook open in classic Notebook 6: its DOM (``#notebook .cell``) and its JS API."""
 
+    #: URLs of the kernel websockets a ``comm_info_reply`` came through (set by the fixture)
+    comm_info_replies: list[str]
+
     @property
     def notebook(self) -> Any:
         return self.page.locator("#notebook-container").first
@@ -165,6 +168,26 @@ class ClassicNotebook(NotebookUI):
             return state == "idle"
 
         wait_until(idle, timeout=timeout, what=f"an idle kernel for {self.path}")
+        self.wait_widget_manager_loaded(timeout=timeout)
+
+    def wait_widget_manager_loaded(self, timeout: float = 90.0) -> None:
+        """Wait until the page's widget manager has finished loading the kernel's widgets.
+
+        widgetsnbextension 3 asks the kernel for its widgets when the page opens (with
+        ipywidgets 7 in the kernel: a control comm the kernel refuses, then a comm_info
+        request), and when that ends it re-renders every cell output holding a widget; that
+        re-render empties the output (the view's removal sets the output's model_id to ""),
+        so a widget displayed before the load ended vanishes. Seen in CI on a loaded machine:
+        the slider under test disappeared after the test had found it. A person opening a
+        notebook waits a moment before running it; the test waits for the reply itself.
+        """
+        kernel_id = self.kernel_id()
+        wait_until(lambda: any(kernel_id in url for url in self.comm_info_replies), timeout=timeout,
+                   what="the widget manager's comm_info reply (its load from the kernel)")
+        # the reply is handled, its callbacks gone: the load's last step (the re-render) has run
+        self.page.wait_for_function(
+            "() => Object.keys(Jupyter.notebook.kernel._msg_callbacks || {}).length === 0",
+            timeout=timeout * 1000)
 
     def start_run_all(self) -> list[str]:
         before = self.code_cell_prompts()
@@ -192,12 +215,23 @@ def classic_page(chromium: Any, classic_server: JupyterServer, request: pytest.F
     page.on("console", lambda msg: console.append(f"[{msg.type}] {msg.text}"))
     page.on("pageerror", lambda exc: console.append(f"[pageerror] {exc}"))
     opened: list[ClassicNotebook] = []
+    comm_info_replies: list[str] = []
+
+    def watch_socket(ws: Any) -> None:
+        def received(payload: str | bytes) -> None:
+            text = payload if isinstance(payload, str) else payload.decode("utf-8", "replace")
+            if '"comm_info_reply"' in text:
+                comm_info_replies.append(ws.url)
+        ws.on("framereceived", received)
+
+    page.on("websocket", watch_socket)
 
     def open_cells(cells: Sequence[str]) -> ClassicNotebook:
         name = f"{safe_name(request.node.name)}-{len(opened)}.ipynb"
         path = classic_server.write_notebook(name, cells)
         page.goto(classic_server.url(f"notebooks/{urllib.parse.quote(path)}"), wait_until="domcontentloaded")
         nb = ClassicNotebook(page, classic_server, path, "notebook")
+        nb.comm_info_replies = comm_info_replies
         from playwright.sync_api import TimeoutError as PageTimeout
 
         try:
