@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -131,16 +131,35 @@ def _with_timing_range(
     variants = timing_variants(trace)
     if variants is None:
         return result
-    peaks = [result.peak_reserved_bytes]
-    largest = result.largest_segment_bytes
-    timing_oom = False
-    for variant in (variants.early, variants.late):
-        other = Engine(variant, settings, device_total=device_total, non_pytorch_bytes=non_pytorch_bytes,
-                       stop_at_oom=stop_at_oom).run(1)
-        peaks.append(other.peak_reserved_bytes)
-        largest = max(largest, other.largest_segment_bytes)
-        if result.oom is None and other.oom is not None and not other.oom.recorded:
-            timing_oom = True
+    return with_bounds(result, [replay_bound(variant, settings, device_total=device_total,
+                                             non_pytorch_bytes=non_pytorch_bytes, stop_at_oom=stop_at_oom)
+                                for variant in (variants.early, variants.late)])
+
+
+@dataclasses.dataclass(frozen=True)
+class TimingBound:
+    """What the range needs of one replay in another GPU timing (:mod:`.timing`): small, so
+    a worker process sends it back in a few bytes."""
+
+    peak_reserved_bytes: int
+    largest_segment_bytes: int
+    new_oom: bool  # the replay ran out of memory where the recording did not
+
+
+def replay_bound(variant: Trace, settings: SimSettings, *, device_total: int | None,
+                 non_pytorch_bytes: int, stop_at_oom: bool) -> TimingBound:
+    """Replay one timing variant of a trace (no series, no segment events)."""
+    other = Engine(variant, settings, device_total=device_total, non_pytorch_bytes=non_pytorch_bytes,
+                   stop_at_oom=stop_at_oom).run(1)
+    return TimingBound(other.peak_reserved_bytes, other.largest_segment_bytes,
+                       other.oom is not None and not other.oom.recorded)
+
+
+def with_bounds(result: SimResult, bounds: Sequence[TimingBound]) -> SimResult:
+    """The point replay ``result`` with the range its timing variants' replays span."""
+    peaks = [result.peak_reserved_bytes, *(b.peak_reserved_bytes for b in bounds)]
+    largest = max([result.largest_segment_bytes, *(b.largest_segment_bytes for b in bounds)])
+    timing_oom = result.oom is None and any(b.new_oom for b in bounds)
     return dataclasses.replace(result, peak_reserved_range=(min(peaks), max(peaks)), timing_oom=timing_oom,
                                largest_segment_bytes=largest)
 
@@ -203,15 +222,31 @@ def self_check(
 # ------------------------------------------------------------- parallel replay
 _WORKER_TRACE: Trace | None = None
 
+#: the replays of one setting: the recorded order, and the early and late GPU timings
+POINT, EARLY, LATE = "point", "early", "late"
+Job = tuple[int, str]  # (configuration index, one of the orders above)
+
 
 def _init_worker(trace: Trace) -> None:
     global _WORKER_TRACE  # noqa: PLW0603 - one trace per worker process, set once
     _WORKER_TRACE = trace
 
 
-def _simulate_in_worker(settings: SimSettings, kwargs: dict[str, Any]) -> SimResult:
+def _run_job(trace: Trace, settings: SimSettings, kwargs: dict[str, Any],
+             order: str) -> SimResult | TimingBound:
+    """One replay of a setting: the point prediction, or one bound of its range."""
+    if order == POINT:
+        return simulate(trace, settings, **{**kwargs, "timing": False})
+    variants = timing_variants(trace)
+    assert variants is not None
+    return replay_bound(variants.early if order == EARLY else variants.late, settings,
+                        device_total=kwargs["device_total"], non_pytorch_bytes=kwargs["non_pytorch_bytes"],
+                        stop_at_oom=kwargs["stop_at_oom"])
+
+
+def _job_in_worker(settings: SimSettings, kwargs: dict[str, Any], order: str) -> SimResult | TimingBound:
     assert _WORKER_TRACE is not None
-    return simulate(_WORKER_TRACE, settings, **kwargs)
+    return _run_job(_WORKER_TRACE, settings, kwargs, order)
 
 
 def simulate_many(
@@ -269,36 +304,32 @@ def simulate_many(
         if progress is not None:
             progress(done, total)
 
-    def replay(indices: list[int]) -> None:
-        nonlocal done
-        for i, result in zip(indices, _replay_all(trace, [configs[i] for i in indices],
-                                                  [per_config[i] for i in indices], workers), strict=True):
+    same = _same_replays(configs, per_config)
+    twins = _twins(configs, per_config, same)
+    bases = set(twins.values())
+    # the twins' own twins first: a twin is decided (reused, or queued) as soon as its twin is in
+    first = sorted((i for i in range(total) if i not in twins and i not in same),
+                   key=lambda i: i not in bases)
+    jobs = sum(3 if ranges[i] and trace.deferred_frees else 1 for i in range(total))
+    with _Replays(trace, configs, per_config, min(workers, jobs)) as replays:
+        replays.submit(first)
+        for i, result in replays.finished():
             results[i] = result
             done += 1
             report()
-
-    def reuse(i: int, j: int, settings: SimSettings) -> None:
-        nonlocal done
+            for k in [k for k, j in twins.items() if j == i]:
+                if _twin_replays_alike(trace, configs[k], result, device_total, non_pytorch_bytes):
+                    results[k] = dataclasses.replace(result, settings=configs[k])  # its score: below
+                    done += 1
+                    report()
+                else:
+                    replays.submit([k])
+    for i, j in same.items():
         got = results[j]
         assert got is not None
-        results[i] = dataclasses.replace(got, settings=settings)  # its score: see the return
+        results[i] = dataclasses.replace(got, settings=configs[i])
         done += 1
         report()
-
-    same = _same_replays(configs, per_config)
-    twins = _twins(configs, per_config, same)
-    replay([i for i in range(total) if i not in twins and i not in same])
-    again = []
-    for i, j in twins.items():
-        twin = results[j]
-        assert twin is not None  # a twin is never a twin's: it replayed above
-        if _twin_replays_alike(trace, configs[i], twin, device_total, non_pytorch_bytes):
-            reuse(i, j, configs[i])
-        else:
-            again.append(i)
-    replay(again)
-    for i, j in same.items():
-        reuse(i, j, configs[i])
     # a self-check's score belongs only to the rows that asked for it (a repeat or a twin may
     # have taken its result from the checked replay)
     return [r if flags[i] or r.fidelity is None else dataclasses.replace(r, fidelity=None)
@@ -322,24 +353,105 @@ def _same_replays(configs: list[SimSettings], kwargs: list[dict[str, Any]]) -> d
     return same
 
 
-def _replay_all(trace: Trace, configs: list[SimSettings], kwargs: list[dict[str, Any]],
-                workers: int) -> Iterator[SimResult]:
-    """:func:`simulate` per configuration, in input order, each result as soon as it is there,
-    on up to ``workers`` processes; where processes cannot start or break, the rest here."""
-    started = 0
-    if min(workers, len(configs)) > 1:
-        try:
-            with ProcessPoolExecutor(
-                max_workers=min(workers, len(configs)), initializer=_init_worker, initargs=(trace,)
-            ) as pool:
-                for result in pool.map(_simulate_in_worker, configs, kwargs):
-                    started += 1
-                    yield result
-            return
-        except (OSError, BrokenProcessPool, NotImplementedError):
-            pass  # e.g. a sandbox without process support: the rest below
-    for s, kw in zip(configs[started:], kwargs[started:], strict=True):
-        yield simulate(trace, s, **kw)
+class _Replays:
+    """The replays of the settings asked for, on up to ``workers`` processes.
+
+    Each setting is one to three jobs (its point replay, and with frees that wait on other
+    streams the early and late timings), each a task of its own, so two processes share out
+    eight settings' two dozen replays evenly instead of eight unequal tasks. One pool serves
+    every batch: the settings queued after their twin's result (:func:`_twins`) reuse its
+    processes. Where processes cannot start or break, the jobs not yet back run here.
+    """
+
+    def __init__(self, trace: Trace, configs: list[SimSettings], kwargs: list[dict[str, Any]],
+                 workers: int) -> None:
+        self.trace, self.configs, self.kwargs, self.workers = trace, configs, kwargs, workers
+        self.pool: ProcessPoolExecutor | None = None
+        self.no_pool = workers <= 1  # one process asked for, or processes failed: run here
+        self.futures: dict[Future[SimResult | TimingBound], Job] = {}
+        self.local: list[Job] = []  # jobs to run in this process, in order
+        self.got: dict[Job, SimResult | TimingBound] = {}
+        self.waiting: dict[int, int] = {}  # configuration -> its jobs not back yet
+
+    def __enter__(self) -> _Replays:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def jobs(self, i: int) -> list[Job]:
+        timed = self.kwargs[i]["timing"] and self.trace.deferred_frees  # timing_variants is not None
+        return [(i, POINT), (i, EARLY), (i, LATE)] if timed else [(i, POINT)]
+
+    def submit(self, indices: list[int]) -> None:
+        jobs = [job for i in indices for job in self.jobs(i)]
+        for i in indices:
+            self.waiting[i] = len(self.jobs(i))
+        if self.pool is None and not self.no_pool and len(jobs) + len(self.waiting) > 1:
+            try:
+                self.pool = ProcessPoolExecutor(max_workers=self.workers, initializer=_init_worker,
+                                                initargs=(self.trace,))
+            except (OSError, NotImplementedError):
+                self.no_pool = True  # e.g. a sandbox without process support
+        while jobs and self.pool is not None:
+            i, order = jobs[0]
+            try:
+                future = self.pool.submit(_job_in_worker, self.configs[i], self.kwargs[i], order)
+            except (OSError, BrokenProcessPool, RuntimeError):
+                self._give_up_pool()
+                break
+            self.futures[future] = jobs.pop(0)
+        self.local.extend(jobs)
+
+    def _give_up_pool(self) -> None:
+        """Move every job not back yet to this process (a broken pool returns nothing more)."""
+        assert self.pool is not None
+        pending = list(self.futures.values())
+        self.futures.clear()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool, self.no_pool = None, True
+        self.local = sorted({*self.local, *pending}, key=_job_order)
+
+    def finished(self) -> Iterator[tuple[int, SimResult]]:
+        """Each setting's result (its range attached) as soon as all its jobs are back,
+        settings submitted meanwhile included."""
+        while self.waiting:
+            for job, value in self._next_jobs():
+                self.got[job] = value
+                i = job[0]
+                self.waiting[i] -= 1
+                if self.waiting[i] == 0:
+                    del self.waiting[i]
+                    yield i, self._result(i)
+
+    def _next_jobs(self) -> list[tuple[Job, SimResult | TimingBound]]:
+        if self.futures:
+            done, _ = wait(self.futures, return_when=FIRST_COMPLETED)
+            out: list[tuple[Job, SimResult | TimingBound]] = []
+            for future in done:
+                try:
+                    value = future.result()
+                except (OSError, BrokenProcessPool):
+                    self._give_up_pool()
+                    return out
+                out.append((self.futures.pop(future), value))
+            return out
+        job = self.local.pop(0)
+        i, order = job
+        return [(job, _run_job(self.trace, self.configs[i], self.kwargs[i], order))]
+
+    def _result(self, i: int) -> SimResult:
+        point = self.got.pop((i, POINT))
+        assert isinstance(point, SimResult)
+        bounds = [self.got.pop((i, order)) for order in (EARLY, LATE) if (i, order) in self.got]
+        if not bounds:
+            return point
+        return with_bounds(point, [b for b in bounds if isinstance(b, TimingBound)])
+
+
+def _job_order(job: Job) -> tuple[int, int]:
+    return job[0], (POINT, EARLY, LATE).index(job[1])
 
 
 def _twins(configs: list[SimSettings], kwargs: list[dict[str, Any]],

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from array import array
+from itertools import compress
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -111,10 +112,13 @@ def _own_ids_after_reuse(trace: Trace, watched: set[int]) -> Trace:
     current: dict[int, int] = {}
     requested: dict[int, int] = {}  # address id -> the id its pending request used
     fresh = trace.num_addresses
-    for row in _rows_with(ops, (OP_ALLOC, OP_FREE, OP_FREE_REQUESTED, OP_FREE_COMPLETED)):
+    is_watched = bytearray(trace.num_addresses)
+    for aid in watched:
+        is_watched[aid] = 1
+    # only the rows that name a watched address: the loop below is Python, the search is not
+    for row in _rows_with(ops, (OP_ALLOC, OP_FREE, OP_FREE_REQUESTED, OP_FREE_COMPLETED),
+                          also=bytes(map(is_watched.__getitem__, aids))):
         aid = aids[row]
-        if aid not in watched:
-            continue
         op = ops[row]
         if op == OP_ALLOC:
             current[aid] = fresh
@@ -130,18 +134,15 @@ def _own_ids_after_reuse(trace: Trace, watched: set[int]) -> Trace:
     return dataclasses.replace(trace, addr_ids=new_ids, num_addresses=fresh)
 
 
-def _rows_with(ops: array[int], codes: tuple[int, ...]) -> list[int]:
-    """Rows whose operation is one of ``codes``, found at C speed (``bytes.find``)."""
-    raw = ops.tobytes()
-    rows: list[int] = []
-    for code in codes:
-        needle = bytes((code,))
-        pos = raw.find(needle)
-        while pos >= 0:
-            rows.append(pos)
-            pos = raw.find(needle, pos + 1)
-    rows.sort()
-    return rows
+def _rows_with(ops: array[int], codes: tuple[int, ...], also: bytes | None = None) -> list[int]:
+    """Rows whose operation is one of ``codes`` (and, given ``also``, one byte per row, whose
+    byte there is 1), in order, found at C speed: the operations translated to a 0/1 mask,
+    ANDed with ``also`` as one integer, and ``itertools.compress``."""
+    table = bytes(1 if code in codes else 0 for code in range(256))
+    mask = ops.tobytes().translate(table)
+    if also is not None:
+        mask = (int.from_bytes(mask, "little") & int.from_bytes(also, "little")).to_bytes(len(mask), "little")
+    return list(compress(range(len(mask)), mask))
 
 
 def _rebuild(trace: Trace, moves: Sequence[tuple[int, int | None]], *, early: bool) -> Trace:

@@ -1,0 +1,144 @@
+"""``simulate_many`` runs each setting's replays as separate jobs (the point replay, and with
+frees that wait on other streams the early and late timings) on one pool of processes.
+
+What a user would notice if it broke: a row whose range, OOM or counters differ from what
+replaying that setting alone gives, rows in another order, a progress count that skips or
+repeats, or a comparison that fails where processes cannot start or die mid-way (it must
+finish in this process with the same rows).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+from allocconf_widget.core.sim import simulator
+from allocconf_widget.core.sim.result import SimResult
+from allocconf_widget.core.sim.settings import SimSettings
+from allocconf_widget.core.sim.simulator import simulate, simulate_many
+from allocconf_widget.core.sim.trace import Trace
+from tests.trace_builder import TraceBuilder
+
+MiB = 1 << 20
+
+
+def _s(**kw: object) -> SimSettings:
+    kw.setdefault("torch_version", (2, 11))
+    return SimSettings(**kw)  # type: ignore[arg-type]
+
+
+def _two_streams() -> Trace:
+    """Blocks freed after ``record_stream`` complete a few requests later (the first one eight
+    requests later, so the late timing lags all of them that far), among requests of mixed
+    sizes (the largest segment 200 MiB): the early and late timings differ from the recorded
+    one, and a split limit below 200 MiB acts while one above does not."""
+    b = TraceBuilder(reuse_addresses=True)
+    for step in range(6):
+        big = b.alloc(200 * MiB)
+        mid = [b.alloc((20 + 10 * (step % 3)) * MiB) for _ in range(3)]
+        b.free_requested(big)
+        small = [b.alloc(40 * MiB) for _ in range(3 if step else 8)]
+        b.free_completed(big)
+        for x in mid:
+            b.free_requested(x)
+        b.free(b.alloc(90 * MiB))
+        for x in mid:
+            b.free_completed(x)
+        for x in small:
+            b.free(x)
+    return b.build()
+
+
+CONFIGS = [
+    _s(),
+    _s(expandable_segments=True),
+    _s(max_split_bytes=64 * MiB),  # acts: replayed after its twin (the defaults)
+    _s(max_split_bytes=4096 * MiB),  # cannot act: the twin's replay
+    _s(roundup_slots=(4,) * 16),
+    _s(),  # asked twice: the first one's result
+]
+
+
+def _alike(a: SimResult, b: SimResult) -> bool:
+    return dataclasses.replace(a, seconds=0.0) == dataclasses.replace(b, seconds=0.0)
+
+
+def _alone(trace: Trace, configs: list[SimSettings], **kw: object) -> list[SimResult]:
+    return [simulate(trace, c, **kw) for c in configs]  # type: ignore[arg-type]
+
+
+def test_the_trace_has_a_range_to_replay() -> None:
+    trace = _two_streams()
+    assert trace.deferred_frees
+    low, high = simulate(trace, CONFIGS[0]).reserved_range
+    assert low < high  # otherwise the early and late jobs prove nothing here
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_every_row_is_what_replaying_its_setting_alone_gives(workers: int) -> None:
+    trace = _two_streams()
+    seen: list[tuple[int, int]] = []
+    rows = simulate_many(trace, CONFIGS, workers=workers, progress=lambda d, t: seen.append((d, t)))
+    alone = _alone(trace, CONFIGS)
+    assert [r.settings for r in rows] == CONFIGS
+    for row, single in zip(rows, alone, strict=True):
+        assert _alike(row, single), row.settings.describe()
+        assert row.reserved_range == single.reserved_range
+    assert seen == [(i, len(CONFIGS)) for i in range(1, len(CONFIGS) + 1)]
+
+
+def test_under_a_limit_a_timing_that_runs_out_is_said_on_the_row() -> None:
+    trace = _two_streams()
+    total = 420 * MiB  # the rounding row fits in the recorded timing, not in the late one
+    rows = simulate_many(trace, CONFIGS, workers=2, device_total=total)
+    alone = _alone(trace, CONFIGS, device_total=total)
+    assert [r.timing_oom for r in rows] == [r.timing_oom for r in alone]
+    assert rows[4].timing_oom and rows[4].oom is None
+    assert all(_alike(r, a) for r, a in zip(rows, alone, strict=True))
+
+
+def test_where_processes_cannot_start_the_rows_come_from_this_process(monkeypatch) -> None:
+    def refuse(*_args: object, **_kw: object) -> None:
+        raise OSError("no processes in this sandbox")
+
+    monkeypatch.setattr(simulator, "ProcessPoolExecutor", refuse)
+    trace = _two_streams()
+    rows = simulate_many(trace, CONFIGS, workers=2)
+    assert all(_alike(r, a) for r, a in zip(rows, _alone(trace, CONFIGS), strict=True))
+
+
+def _die_on_late_jobs(settings: SimSettings, kwargs: dict[str, object], order: str) -> object:
+    if order == simulator.LATE:
+        os._exit(3)  # a worker killed (out of memory, say): the pool breaks
+    return simulator._run_job(simulator._WORKER_TRACE, settings, kwargs, order)  # type: ignore[arg-type]
+
+
+def test_when_a_worker_dies_the_rest_runs_here_with_the_same_rows(monkeypatch) -> None:
+    # the pool's processes are forked from this one, so they run the patched job function
+    monkeypatch.setattr(simulator, "_job_in_worker", _die_on_late_jobs)
+    trace = _two_streams()
+    seen: list[int] = []
+    rows = simulate_many(trace, CONFIGS, workers=2, progress=lambda d, _t: seen.append(d))
+    assert all(_alike(r, a) for r, a in zip(rows, _alone(trace, CONFIGS), strict=True))
+    assert seen == list(range(1, len(CONFIGS) + 1))
+
+
+def test_a_trace_without_stream_frees_is_one_job_per_setting(monkeypatch) -> None:
+    orders: list[str] = []
+    real = simulator._run_job
+
+    def count(trace: Trace, settings: SimSettings, kwargs: dict[str, object], order: str) -> object:
+        orders.append(order)
+        return real(trace, settings, kwargs, order)
+
+    monkeypatch.setattr(simulator, "_run_job", count)
+    b = TraceBuilder()
+    for _ in range(3):
+        b.free(b.alloc(30 * MiB))
+    simulate_many(b.build(), CONFIGS[:2], workers=1)
+    assert orders == [simulator.POINT, simulator.POINT]
+    orders.clear()
+    simulate_many(_two_streams(), CONFIGS[:2], workers=1)
+    assert sorted(orders) == sorted([simulator.POINT, simulator.EARLY, simulator.LATE] * 2)
