@@ -388,7 +388,7 @@ class _Replays:
         jobs = [job for i in indices for job in self.jobs(i)]
         for i in indices:
             self.waiting[i] = len(self.jobs(i))
-        if self.pool is None and not self.no_pool and len(jobs) + len(self.waiting) > 1:
+        if self.pool is None and not self.no_pool:  # workers > 1: the caller caps it at the jobs
             try:
                 self.pool = ProcessPoolExecutor(max_workers=self.workers, initializer=_init_worker,
                                                 initargs=(self.trace,))
