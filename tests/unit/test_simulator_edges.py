@@ -212,6 +212,29 @@ def test_real_two_stream_peaks_lie_in_their_ranges(tmp_path: Path, workload: str
     assert inside >= inside_at_least
 
 
+def test_completions_moved_past_the_end_come_once() -> None:
+    """The late order moved a completion near the end to the end of the trace twice (once with
+    the last cut, once after it): a duplicated row, found when the lag doubled."""
+    from allocconf_widget.core.sim.timing import timing_variants
+
+    b = TraceBuilder()
+    first = b.alloc(4 * MiB)
+    b.free_requested(first)
+    for _ in range(10):
+        b.free(b.alloc(MiB))
+    b.free_completed(first)  # the longest wait: 21 rows
+    last = b.alloc(4 * MiB)
+    b.free_requested(last)
+    b.alloc(MiB)
+    b.free_completed(last)  # 2 rows, but near the end: the late order puts it at the end
+    trace = b.build()
+    variants = timing_variants(trace)
+    assert variants is not None
+    late = variants.late
+    assert sorted(late.op_index) == sorted(trace.op_index)
+    assert late.op_index[-1] == trace.op_index[-1]  # the last completion, moved to the end
+
+
 def test_timing_variants_keep_every_event() -> None:
     from allocconf_widget.core.sim.timing import timing_variants
 

@@ -166,10 +166,7 @@ def _rebuild(trace: Trace, moves: Sequence[tuple[int, int | None]], *, early: bo
                 col.append(src[j])
         pos = cut + 1 if cut in removed else cut
     for col, src in zip(out, columns, strict=True):
-        col.extend(src[pos:])
-    for j in inserts.get(len(trace.ops), ()):
-        for col, src in zip(out, columns, strict=True):
-            col.append(src[j])
+        col.extend(src[pos:])  # rows moved to the end went in with the last cut, len(trace.ops)
     ops = out[0]
     if early:
         ops = array("b", ops.tobytes().translate(_REQUEST_TO_FREE))
