@@ -98,8 +98,8 @@ def simulate(
             replay is labelled ``recorded_addresses`` and must not stand beside a
             prediction as its self-check.
         timing: where frees wait on other streams (``record_stream``), replay the trace
-            twice more with those frees completing as early and as late as the recording
-            allows (:mod:`.timing`) and attach the peak's range
+            twice more with those frees completing at once and twice as late as the
+            recording's longest wait (:mod:`.timing`) and attach the peak's range
             (:attr:`SimResult.peak_reserved_range`).
     """
     engine = Engine(

@@ -166,7 +166,8 @@ class Trace:
             out.append(
                 f"{self.deferred_frees:,} frees waited on other streams (record_stream) and complete "
                 "where the recording saw them; under other settings the GPU may finish them earlier or later "
-                "(each result's peak range covers the earliest and latest timing the recording allows)")
+                "(each result's peak range covers the GPU finishing them at once, and lagging twice as far "
+                "as the recording ever shows)")
         return tuple(out)
 
     def replay_columns(self) -> tuple[list[int], list[int], list[int], list[int]]:
