@@ -117,11 +117,24 @@ def _start_classic_server(root: Path, timeout: float = 120.0) -> JupyterServer:
     return server
 
 
+#: Run in the page before its own scripts: notes the msg_id of every comm_info request sent on
+#: any websocket (the widget manager's load from the kernel).
+_NOTE_COMM_INFO_REQUESTS = """
+(() => {
+  const sent = window.__allocconfCommInfoRequests = [];
+  const send = WebSocket.prototype.send;
+  WebSocket.prototype.send = function (data) {
+    if (typeof data === 'string' && data.indexOf('"comm_info_request"') >= 0) {
+      try { sent.push(JSON.parse(data).header.msg_id); } catch (e) { /* not Notebook 6's JSON */ }
+    }
+    return send.call(this, data);
+  };
+})();
+"""
+
+
 class ClassicNotebook(NotebookUI):
     """A notebook open in classic Notebook 6: its DOM (``#notebook .cell``) and its JS API."""
-
-    #: URLs of the kernel websockets a ``comm_info_reply`` came through (set by the fixture)
-    comm_info_replies: list[str]
 
     @property
     def notebook(self) -> Any:
@@ -179,14 +192,16 @@ class ClassicNotebook(NotebookUI):
         re-render empties the output (the view's removal sets the output's model_id to ""),
         so a widget displayed before the load ended vanishes. Seen in CI on a loaded machine:
         the slider under test disappeared after the test had found it. A person opening a
-        notebook waits a moment before running it; the test waits for the reply itself.
+        notebook waits a moment before running it; the test waits for the reply to be handled:
+        the page sent a comm_info request (noted by :data:`_NOTE_COMM_INFO_REQUESTS`) and its
+        callbacks are gone, which the page does once the reply and the kernel's idle came.
+        The check runs in the page (``wait_for_function``): Playwright hands a Python
+        ``websocket`` listener its events only while the test is inside a Playwright call.
         """
-        kernel_id = self.kernel_id()
-        wait_until(lambda: any(kernel_id in url for url in self.comm_info_replies), timeout=timeout,
-                   what="the widget manager's comm_info reply (its load from the kernel)")
-        # the reply is handled, its callbacks gone: the load's last step (the re-render) has run
         self.page.wait_for_function(
-            "() => Object.keys(Jupyter.notebook.kernel._msg_callbacks || {}).length === 0",
+            "() => { const k = window.Jupyter && Jupyter.notebook && Jupyter.notebook.kernel;"
+            " const sent = window.__allocconfCommInfoRequests || [];"
+            " return !!k && sent.some(id => !(id in (k._msg_callbacks || {}))); }",
             timeout=timeout * 1000)
 
     def start_run_all(self) -> list[str]:
@@ -215,23 +230,13 @@ def classic_page(chromium: Any, classic_server: JupyterServer, request: pytest.F
     page.on("console", lambda msg: console.append(f"[{msg.type}] {msg.text}"))
     page.on("pageerror", lambda exc: console.append(f"[pageerror] {exc}"))
     opened: list[ClassicNotebook] = []
-    comm_info_replies: list[str] = []
-
-    def watch_socket(ws: Any) -> None:
-        def received(payload: str | bytes) -> None:
-            text = payload if isinstance(payload, str) else payload.decode("utf-8", "replace")
-            if '"comm_info_reply"' in text:
-                comm_info_replies.append(ws.url)
-        ws.on("framereceived", received)
-
-    page.on("websocket", watch_socket)
+    page.add_init_script(_NOTE_COMM_INFO_REQUESTS)
 
     def open_cells(cells: Sequence[str]) -> ClassicNotebook:
         name = f"{safe_name(request.node.name)}-{len(opened)}.ipynb"
         path = classic_server.write_notebook(name, cells)
         page.goto(classic_server.url(f"notebooks/{urllib.parse.quote(path)}"), wait_until="domcontentloaded")
         nb = ClassicNotebook(page, classic_server, path, "notebook")
-        nb.comm_info_replies = comm_info_replies
         from playwright.sync_api import TimeoutError as PageTimeout
 
         try:
