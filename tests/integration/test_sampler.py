@@ -355,7 +355,13 @@ def test_one_series_per_device_and_snapshots_stay_within_budget(fake_cuda):
     # each snapshot costs >= 2 ms, so at a 1 % duty cycle they are >= 0.2 s apart
     assert over["snapshots"] >= 1
     assert over["snapshot_interval_s"] >= 0.19
-    assert over["snapshot_duty"] <= 0.02
+    # Every snapshot but the last was followed by the idle time its cost bought (cost / 1 %),
+    # so together they took at most 1 % of the run. The last one's idle time is still ahead
+    # when the run stops: over this one-second run it alone can tip the measured share over
+    # (CI, a loaded machine: 2.9 %, where this test asked for <= 2 % of everything).
+    elapsed = sampler.budget.total_s / over["snapshot_duty"]
+    before_last = sampler.budget.total_s - over["last_snapshot_ms"] / 1e3
+    assert before_last <= 0.01 * elapsed + 1e-3
     frag = [s for s in sampler.timeline.render(0).series["fragmentation"] if s is not None]
     assert frag and all(0.0 <= f <= 1.0 for f in frag)
     latest = sampler.latest[0]
