@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -23,15 +22,12 @@ import pytest
 from allocconf_widget.core.memory.snapshot import load_snapshot
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import extract_trace, simulate
-
-ARCHIVE = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "gc_midrun" / "gc_midrun.tar.xz"
+from tests.unit.test_simulator_edges import _extract
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict, Path]]:
-    root = tmp_path_factory.mktemp("gc_midrun")
-    with tarfile.open(ARCHIVE) as tar:
-        tar.extractall(root, filter="data")
+    root = _extract("gc_midrun/gc_midrun.tar.xz", tmp_path_factory.mktemp("gc_midrun"))
     return {p.stem.split("__")[1]: (json.loads(p.read_text()), p.with_suffix(".pickle"))
             for p in sorted(root.glob("*.json"))}
 

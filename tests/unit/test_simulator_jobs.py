@@ -9,7 +9,6 @@ finish in this process with the same rows).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import pytest
@@ -20,13 +19,9 @@ from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import simulate, simulate_many
 from allocconf_widget.core.sim.trace import Trace
 from tests.trace_builder import TraceBuilder
+from tests.unit.test_simulator_twins import _alike, _s
 
 MiB = 1 << 20
-
-
-def _s(**kw: object) -> SimSettings:
-    kw.setdefault("torch_version", (2, 11))
-    return SimSettings(**kw)  # type: ignore[arg-type]
 
 
 def _two_streams() -> Trace:
@@ -59,10 +54,6 @@ CONFIGS = [
     _s(roundup_slots=(4,) * 16),
     _s(),  # asked twice: the first one's result
 ]
-
-
-def _alike(a: SimResult, b: SimResult) -> bool:
-    return dataclasses.replace(a, seconds=0.0) == dataclasses.replace(b, seconds=0.0)
 
 
 def _alone(trace: Trace, configs: list[SimSettings], **kw: object) -> list[SimResult]:

@@ -310,8 +310,7 @@ def simulate_many(
     # the twins' own twins first: a twin is decided (reused, or queued) as soon as its twin is in
     first = sorted((i for i in range(total) if i not in twins and i not in same),
                    key=lambda i: i not in bases)
-    jobs = sum(3 if ranges[i] and trace.deferred_frees else 1 for i in range(total))
-    with _Replays(trace, configs, per_config, min(workers, jobs)) as replays:
+    with _Replays(trace, configs, per_config, workers) as replays:
         replays.submit(first)
         for i, result in replays.finished():
             results[i] = result
@@ -365,9 +364,11 @@ class _Replays:
 
     def __init__(self, trace: Trace, configs: list[SimSettings], kwargs: list[dict[str, Any]],
                  workers: int) -> None:
-        self.trace, self.configs, self.kwargs, self.workers = trace, configs, kwargs, workers
+        self.trace, self.configs, self.kwargs = trace, configs, kwargs
+        # never more processes than jobs there could be (every setting replayed)
+        self.workers = min(workers, sum(len(self.jobs(i)) for i in range(len(configs))))
         self.pool: ProcessPoolExecutor | None = None
-        self.no_pool = workers <= 1  # one process asked for, or processes failed: run here
+        self.no_pool = self.workers <= 1  # one process asked for, or processes failed: run here
         self.futures: dict[Future[SimResult | TimingBound], Job] = {}
         self.local: list[Job] = []  # jobs to run in this process, in order
         self.got: dict[Job, SimResult | TimingBound] = {}
@@ -385,10 +386,12 @@ class _Replays:
         return [(i, POINT), (i, EARLY), (i, LATE)] if timed else [(i, POINT)]
 
     def submit(self, indices: list[int]) -> None:
-        jobs = [job for i in indices for job in self.jobs(i)]
+        jobs: list[Job] = []
         for i in indices:
-            self.waiting[i] = len(self.jobs(i))
-        if self.pool is None and not self.no_pool:  # workers > 1: the caller caps it at the jobs
+            mine = self.jobs(i)
+            self.waiting[i] = len(mine)
+            jobs += mine
+        if self.pool is None and not self.no_pool:
             try:
                 self.pool = ProcessPoolExecutor(max_workers=self.workers, initializer=_init_worker,
                                                 initargs=(self.trace,))
