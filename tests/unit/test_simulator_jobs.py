@@ -13,11 +13,14 @@ import os
 
 import pytest
 
+from allocconf_widget.app.simulate import SimulationRequest, TraceSource
+from allocconf_widget.app.simulate import simulate as simulate_source
 from allocconf_widget.core.sim import simulator
 from allocconf_widget.core.sim.result import SimResult
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import simulate, simulate_many
 from allocconf_widget.core.sim.trace import Trace
+from allocconf_widget.core.versions import TorchVersion
 from tests.trace_builder import TraceBuilder
 from tests.unit.test_simulator_twins import _alike, _s
 
@@ -133,3 +136,42 @@ def test_a_trace_without_stream_frees_is_one_job_per_setting(monkeypatch) -> Non
     orders.clear()
     simulate_many(_two_streams(), CONFIGS[:2], workers=1)
     assert sorted(orders) == sorted([simulator.POINT, simulator.EARLY, simulator.LATE] * 2)
+
+
+def _two_streams_snapshot() -> dict[str, object]:
+    b = TraceBuilder(reuse_addresses=True)
+    b.segment("segment_alloc", 1 << 44, 1 << 30)  # the recorded run reserved 1 GiB
+    for step in range(4):
+        big = b.alloc(200 * MiB)
+        b.free_requested(big)
+        small = [b.alloc((40 + 10 * step) * MiB) for _ in range(3)]
+        b.free_completed(big)
+        for x in small:
+            b.free(x)
+    return b.snapshot()
+
+
+def test_a_self_check_that_only_scores_replays_only_the_recorded_timing(monkeypatch) -> None:
+    # a fraction below what the run reserved (1 GiB): the self-check replays the run as it was, and
+    # only its score is shown, so its early and late replays would be time spent for nothing
+    orders: list[tuple[float | None, str]] = []
+    real = simulator._run_job
+
+    def count(trace: Trace, settings: SimSettings, kwargs: dict[str, object], order: str) -> object:
+        orders.append((settings.per_process_memory_fraction, order))
+        return real(trace, settings, kwargs, order)
+
+    monkeypatch.setattr(simulator, "_run_job", count)
+    source = TraceSource(_two_streams_snapshot(), "two streams", TorchVersion(2, 11), device_total=1 << 30)
+    report = simulate_source(source, SimulationRequest(confs=("", "expandable_segments:True"),
+                                                       fraction=0.5, workers=1))
+    assert sorted(order for fraction, order in orders if fraction is None) == [simulator.POINT]
+    assert sorted(order for fraction, order in orders if fraction == 0.5) == sorted(
+        [simulator.POINT, simulator.EARLY, simulator.LATE] * 2)
+    assert report.fidelity is not None
+    assert all(row.result.peak_reserved_range is not None for row in report.rows)
+    # without the fraction the self-check's replay is the recorded row's: its range is shown
+    orders.clear()
+    report = simulate_source(source, SimulationRequest(confs=(), workers=1))
+    assert sorted(order for _, order in orders) == [simulator.EARLY, simulator.LATE, simulator.POINT]
+    assert report.rows[0].result.peak_reserved_range is not None
