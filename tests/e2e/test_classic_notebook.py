@@ -24,6 +24,7 @@ import sys
 import time
 import urllib.error
 import urllib.parse
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -241,11 +242,15 @@ def classic_page(chromium: Any, classic_server: JupyterServer, request: pytest.F
 
         try:
             nb.wait_kernel_idle()
-        except (TimeoutError, PageTimeout):
+        except (TimeoutError, PageTimeout) as exc:
             # Not idle in 90 s even when asked (wait_kernel_idle nudges a kernel the server
             # still calls "starting"). Reloading the page here (the earlier fallback) loaded it
             # twice, and two monitor tests then lost their widget (CI, twice): restart the
-            # kernel through the server instead, which the open page follows.
+            # kernel through the server instead, which the open page follows. Said out loud:
+            # a wait that never ends (round 14's first widget-manager wait) passed silently
+            # here, 90 s a test, until the module's time gave it away.
+            warnings.warn(f"{request.node.name}: the classic page's kernel was not ready in 90 s "
+                          f"({str(exc).splitlines()[0][:200]}); restarted it", UserWarning, stacklevel=1)
             classic_server.api("POST", f"api/kernels/{nb.kernel_id()}/restart", timeout=60)
             nb.wait_kernel_idle(timeout=120.0)
         opened.append(nb)
