@@ -238,3 +238,54 @@ def test_a_non_pytorch_size_without_a_device_total_is_said_to_be_unused(trace_fi
     result = _simulate_cli(trace_file, "--torch-version", "2.11", "--non-pytorch", "500MiB")
     assert result.returncode == 0, result.stderr
     assert "the memory outside PyTorch (500.00 MiB) is not used" in result.stderr
+
+
+def _on_a_terminal(*args: str | Path) -> tuple[int, str, str]:
+    """The CLI with its stderr on a pseudo-terminal (what a person at a shell has); stdout piped.
+    Returns the exit code, stdout, and everything the terminal was sent."""
+    import pty
+    import select
+
+    leader, follower = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "allocconf_widget", "simulate", *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=follower, cwd=REPO, env=env, text=True)
+    os.close(follower)
+    sent = b""
+    while True:
+        ready, _, _ = select.select([leader], [], [], 120)
+        if not ready:
+            proc.kill()
+            break
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the last holder of the terminal ended (EIO on Linux)
+            break
+        if not chunk:
+            break
+        sent += chunk
+    out = proc.stdout.read() if proc.stdout is not None else ""
+    os.close(leader)
+    return proc.wait(timeout=60), out, sent.decode("utf-8", "replace")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a pseudo-terminal as Linux has it")
+def test_a_terminal_sees_how_far_the_replays_have_got_and_then_a_clean_report(trace_file: Path) -> None:
+    code, out, terminal = _on_a_terminal(trace_file, "--conf", "", "--conf", "expandable_segments:True",
+                                         "--workers", "1")
+    assert code == 0, terminal
+    assert "reading trace.pickle.gz" in terminal
+    import re
+
+    counts = [(int(d), int(t)) for d, t in re.findall(r"replaying: (\d+) of (\d+) settings done", terminal)]
+    total = counts[-1][1]  # the two settings and the recorded one's self-check
+    assert total == 3 and counts == [(d, total) for d in range(1, total + 1)], counts
+    # the line is wiped before the notes: nothing of it is left on the screen
+    assert "replaying" not in terminal.rsplit("\x1b[K", 1)[-1] and "note:" in terminal.rsplit("\x1b[K", 1)[-1]
+    assert "\r" not in out and "expandable_segments:True" in out  # the report itself is untouched
+
+
+def test_a_pipe_or_a_log_gets_no_progress_line(trace_file: Path) -> None:
+    result = _simulate_cli(trace_file, "--conf", "expandable_segments:True")
+    assert result.returncode == 0, result.stderr
+    assert "replaying" not in result.stderr and "\r" not in result.stderr
