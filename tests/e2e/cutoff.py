@@ -140,6 +140,8 @@ def simulate_scene(nb: Any, front_end: str, cell: int = 1) -> Seen:
     """``%allocconf simulate --demo``'s table in a 1400 px window."""
     out = nb.cell(cell).locator(".jp-OutputArea, .output_wrapper").first
     wait_until(lambda: "peak reserved" in out.inner_text(), timeout=120, what="the simulate table")
+    # the progress line ("replaying: k of n settings done") was one display, the table took its place
+    assert "replaying" not in out.inner_text(), out.inner_text()[:300]
     bad = out.evaluate(_JS_WRAPPED_TABLE_CELLS)
     html_table = out.locator("table").count() > 0
     seen = Seen("simulate", [*cut_off_labels(out), *bad], ["html table" if html_table else "text"])

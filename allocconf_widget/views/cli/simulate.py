@@ -163,13 +163,17 @@ class _Progress:
             return None
 
     def say(self, what: str) -> None:
-        self.stream.write(f"\r\033[K{_PROG}: {what}…")
+        from allocconf_widget.views.text.simulate import progress_line
+
+        self.stream.write(f"\r\033[K{progress_line(what)}")
         self.stream.flush()
         self.shown = True
 
     def __call__(self, done: int, total: int) -> None:
         """The use case's progress callback: ``done`` of ``total`` settings replayed."""
-        self.say(f"replaying: {done} of {total} settings done")
+        from allocconf_widget.views.text.simulate import replay_count
+
+        self.say(replay_count(done, total))
 
     def clear(self) -> None:
         if self.shown:

@@ -97,30 +97,76 @@ def run_record(args: argparse.Namespace, ctx: MagicContext) -> Any:
 
 
 def run_simulate(args: argparse.Namespace, ctx: MagicContext) -> Any:
+    from allocconf_widget.adapters.frontend import detect_frontend
     from allocconf_widget.app.simulate import SimulationRequest, simulate, trace_source
     from allocconf_widget.views.text.notes import warnings_as_notes
     from allocconf_widget.views.text.simulate import render_simulation
 
+    notebook = detect_frontend().shows_widgets
+    progress = _CellProgress() if notebook else None
+    finished = False
     try:
         # "current" is what this kernel runs, as in the What if? tab (one session state)
         fraction = args.fraction  # else the source's: a file's sidecar, a recording's own
         with warnings_as_notes() as ours:  # said below as our notes, once
             view = ctx.session.view()
-            report = simulate(trace_source(ctx.session, args.trace, args.demo),
-                              SimulationRequest(confs=tuple(args.conf), rank=True, fraction=fraction,
-                                                kernel=view.effective, draft=view.draft))
+            if progress is not None:
+                progress.say("reading the trace")
+            source = trace_source(ctx.session, args.trace, args.demo)
+            if progress is not None:
+                progress.say("replaying")
+            report = simulate(source, SimulationRequest(confs=tuple(args.conf), rank=True, fraction=fraction,
+                                                        kernel=view.effective, draft=view.draft,
+                                                        progress=progress))
+        finished = True
     except SnapshotError as exc:
         raise RuntimeStateError(str(exc)) from None
-    from allocconf_widget.adapters.frontend import detect_frontend
-
-    if not detect_frontend().shows_widgets:
+    finally:
+        if progress is not None and not finished:
+            progress.clear()  # an error: its message follows, no progress line above it
+    if progress is None:
         print(render_simulation(report), end="")
-    else:  # a notebook: an HTML table that fits the output area
-        from IPython.display import display
-
+    else:  # a notebook: an HTML table that fits the output area, where the progress line was
         from allocconf_widget.views.text.simulate import SimulationDisplay
 
-        display(SimulationDisplay(report))
+        progress.replace_with(SimulationDisplay(report))
     for note in (*report.all_notes(), *ours):
         print(f"note: {note}")
     return report
+
+
+class _CellProgress:
+    """How far ``%allocconf simulate`` has got, in the cell's output: one line (a display with an
+    id, updated in place by JupyterLab, Notebook, Colab and VS Code alike) that each finished
+    setting rewrites, and that the report's table then takes the place of. The ranking replays a
+    dozen settings or more; on a 1M-event trace with frees that wait on other streams that is
+    tens of seconds, with nothing in the cell before."""
+
+    def __init__(self) -> None:
+        self.handle: Any = None
+
+    def say(self, what: str) -> None:
+        from allocconf_widget.views.text.simulate import progress_line
+
+        self._show({"text/plain": progress_line(what)}, raw=True)
+
+    def __call__(self, done: int, total: int) -> None:
+        """The use case's progress callback: ``done`` of ``total`` settings replayed."""
+        from allocconf_widget.views.text.simulate import replay_count
+
+        self.say(replay_count(done, total))
+
+    def replace_with(self, report: Any) -> None:
+        self._show(report, raw=False)
+
+    def clear(self) -> None:
+        if self.handle is not None:
+            self.handle.update({"text/plain": ""}, raw=True)
+
+    def _show(self, obj: Any, *, raw: bool) -> None:
+        from IPython.display import display
+
+        if self.handle is None:
+            self.handle = display(obj, raw=raw, display_id=True)
+        else:
+            self.handle.update(obj, raw=raw)

@@ -71,6 +71,17 @@ def _reasons(report: SimulationReport) -> list[str]:
     return [f"{row.rank}. {row.label}: {row.reason}" for row in report.rows] if report.ranked else []
 
 
+def progress_line(what: str) -> str:
+    """One line of a simulation under way, the CLI's (a terminal's stderr) and the magic's (its
+    cell) alike: ``what`` is a stage or :func:`replay_count`."""
+    return f"allocconf simulate: {what}…"
+
+
+def replay_count(done: int, total: int) -> str:
+    """How far the replays have got; the recorded settings' self-check counts as a setting."""
+    return f"replaying: {done} of {total} settings done"
+
+
 def render_simulation(report: SimulationReport) -> str:
     """Header (trace, torch, device, self-check), the table, and for a ranking the reasons."""
     lines = [*_header_lines(report), ""]
