@@ -137,10 +137,10 @@ def run_simulate(args: argparse.Namespace, ctx: MagicContext) -> Any:
 
 class _CellProgress:
     """How far ``%allocconf simulate`` has got, in the cell's output: one line (a display with an
-    id, updated in place by JupyterLab, Notebook, Colab and VS Code alike) that each finished
-    setting rewrites, and that the report's table then takes the place of. The ranking replays a
-    dozen settings or more; on a 1M-event trace with frees that wait on other streams that is
-    tens of seconds, with nothing in the cell before."""
+    id, updated in place: seen in JupyterLab and classic Notebook; Colab and VS Code are not
+    verified here) that each finished setting rewrites, and that the report's table then takes
+    the place of. The ranking replays a dozen settings or more; on a 1M-event trace with frees
+    that wait on other streams that is tens of seconds, with nothing in the cell before."""
 
     def __init__(self) -> None:
         self.handle: Any = None
