@@ -289,3 +289,51 @@ def test_a_pipe_or_a_log_gets_no_progress_line(trace_file: Path) -> None:
     result = _simulate_cli(trace_file, "--conf", "expandable_segments:True")
     assert result.returncode == 0, result.stderr
     assert "replaying" not in result.stderr and "\r" not in result.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a pseudo-terminal as Linux has it")
+def test_ctrl_c_during_the_replays_ends_with_one_line(tmp_path: Path) -> None:
+    """Ctrl-C at a terminal (SIGINT to the whole foreground group: the command and its worker
+    processes) while the replays run: exit 130 and one line, no traceback from any process."""
+    import pty
+    import select
+    import signal
+    import time
+
+    b = TraceBuilder(reuse_addresses=True)
+    for step in range(40_000):  # long enough that the replays are still running when it comes
+        kept = b.alloc((step % 13 + 1) * MiB)
+        b.free(b.alloc((step % 7 + 2) * MiB))
+        b.free(kept)
+    path = tmp_path / "long.pickle"
+    path.write_bytes(pickle.dumps(b.snapshot(), protocol=4))
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "allocconf_widget", "simulate", str(path), "--recommend",
+                             "--workers", "2"], stdout=subprocess.DEVNULL, stderr=follower, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
+    os.close(follower)
+    sent = b""
+    deadline = time.monotonic() + 120
+    # after the first setting is back: the pool's processes are forked by then (a Ctrl-C during
+    # a fork is swallowed by CPython's at-fork hooks, "Exception ignored", and the run goes on)
+    while b"replaying: 1 of" not in sent and time.monotonic() < deadline:
+        if select.select([leader], [], [], 1)[0]:
+            sent += os.read(leader, 65536)
+    assert b"replaying: 1 of" in sent, sent.decode("utf-8", "replace")
+    os.killpg(proc.pid, signal.SIGINT)
+    while True:
+        if not select.select([leader], [], [], 60)[0]:
+            break
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        sent += chunk
+    os.close(leader)
+    assert proc.wait(timeout=60) == 130
+    text = sent.decode("utf-8", "replace")
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-2000:]
+    # the progress line is wiped, then the one line is said
+    assert text.rsplit("\x1b[K", 1)[-1].strip() == "allocconf: interrupted", text[-500:]

@@ -175,3 +175,42 @@ def test_a_self_check_that_only_scores_replays_only_the_recorded_timing(monkeypa
     report = simulate_source(source, SimulationRequest(confs=(), workers=1))
     assert sorted(order for _, order in orders) == [simulator.EARLY, simulator.LATE, simulator.POINT]
     assert report.rows[0].result.peak_reserved_range is not None
+
+
+def test_an_interrupt_ends_the_workers_at_once(monkeypatch) -> None:
+    """A notebook's interrupt (KeyboardInterrupt in this process) while the pool replays: it
+    reaches the caller, and no worker is left finishing the replays in hand or queued."""
+    import multiprocessing
+    import signal
+    import time
+
+    workers: list[multiprocessing.process.BaseProcess] = []
+
+    def interrupt(done: int, _total: int) -> None:
+        if done == 1:
+            workers.extend(multiprocessing.active_children())
+            raise KeyboardInterrupt
+
+    trace = _two_streams()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        simulate_many(trace, CONFIGS * 4, workers=2, progress=interrupt)
+    while multiprocessing.active_children() and time.monotonic() - started < 30:
+        time.sleep(0.05)  # ended by a signal: gone a moment later
+    assert multiprocessing.active_children() == []
+    # ended, not left to finish their queue and leave on their own (exit code 0)
+    assert workers and all(w.exitcode == -signal.SIGTERM for w in workers), [w.exitcode for w in workers]
+
+
+def test_a_worker_leaves_ctrl_c_to_the_caller() -> None:
+    """A terminal's Ctrl-C reaches every process of the group; a worker ignores it (the caller
+    ends the pool), so none prints a traceback of its own between two jobs."""
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        simulator._init_worker(_two_streams())
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+        simulator._WORKER_TRACE = None

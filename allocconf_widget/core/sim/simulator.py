@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -228,8 +229,12 @@ Job = tuple[int, str]  # (configuration index, one of the orders above)
 
 
 def _init_worker(trace: Trace) -> None:
+    """Keep the trace, and leave Ctrl-C to the calling process: a terminal's Ctrl-C reaches the
+    whole process group, and a worker that got it between two jobs died with a traceback of
+    its own on the user's screen. The caller stops the pool instead (:meth:`_Replays.__exit__`)."""
     global _WORKER_TRACE  # noqa: PLW0603 - one trace per worker process, set once
     _WORKER_TRACE = trace
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _run_job(trace: Trace, settings: SimSettings, kwargs: dict[str, Any],
@@ -377,9 +382,15 @@ class _Replays:
     def __enter__(self) -> _Replays:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        """Stop the pool. Interrupted (Ctrl-C, a notebook's interrupt) or failed, the workers
+        are ended at once instead of finishing the replays in hand and queued: a Ctrl-C on a
+        1M-event ranking took 8.5 s to return that way, 1 s this way."""
+        if self.pool is None:
+            return
+        if exc_type is not None:
+            _end_workers(self.pool)
+        self.pool.shutdown(wait=exc_type is None, cancel_futures=True)
 
     def jobs(self, i: int) -> list[Job]:
         timed = self.kwargs[i]["timing"] and self.trace.deferred_frees  # timing_variants is not None
@@ -451,6 +462,18 @@ class _Replays:
         if not bounds:
             return point
         return with_bounds(point, [b for b in bounds if isinstance(b, TimingBound)])
+
+
+def _end_workers(pool: ProcessPoolExecutor) -> None:
+    """Terminate ``pool``'s processes (``terminate_workers`` from Python 3.14; before it, the
+    processes the executor keeps)."""
+    terminate = getattr(pool, "terminate_workers", None)
+    if terminate is not None:
+        terminate()
+        return
+    processes: Mapping[int, Any] = getattr(pool, "_processes", None) or {}
+    for process in list(processes.values()):
+        process.terminate()
 
 
 def _job_order(job: Job) -> tuple[int, int]:

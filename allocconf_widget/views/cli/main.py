@@ -47,8 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: the shell's code for a command ended by Ctrl-C (128 + SIGINT)
+INTERRUPTED = 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the process exit code (0 ok, 2 bad input, 1 other failure)."""
+    """Run the CLI; returns the process exit code (0 ok, 2 bad input, 1 other failure, 130
+    interrupted: Ctrl-C during a long what-if ends it with one line, not a 40-line traceback)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
@@ -59,6 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(handler(args))
     except BrokenPipeError:  # `allocconf options | head`
         return 0
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted", file=sys.stderr)
+        return INTERRUPTED
     except (AllocConfError, SnapshotError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
