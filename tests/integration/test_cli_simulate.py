@@ -308,9 +308,18 @@ def test_ctrl_c_during_the_replays_ends_with_one_line(tmp_path: Path) -> None:
     path = tmp_path / "long.pickle"
     path.write_bytes(pickle.dumps(b.snapshot(), protocol=4))
     leader, follower = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "allocconf_widget", "simulate", str(path), "--recommend",
-                             "--workers", "2"], stdout=subprocess.DEVNULL, stderr=follower, cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
+
+    # started as a shell starts a command, with Ctrl-C's default action: a test runner started in
+    # the background by a script (CI's lanes) has SIGINT ignored, an ignored signal stays ignored
+    # across exec, and Python then installs no KeyboardInterrupt handler (the run went on: exit 0).
+    # A handled signal is reset to its default by exec, so handle it here for the moment of the start.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "allocconf_widget", "simulate", str(path),
+                                 "--recommend", "--workers", "2"], stdout=subprocess.DEVNULL, stderr=follower,
+                                cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
+    finally:
+        signal.signal(signal.SIGINT, before)
     os.close(follower)
     sent = b""
     deadline = time.monotonic() + 120
