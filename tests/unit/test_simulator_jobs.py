@@ -182,6 +182,7 @@ def test_an_interrupt_ends_the_workers_at_once(monkeypatch) -> None:
     reaches the caller, and no worker is left finishing the replays in hand or queued."""
     import multiprocessing
     import signal
+    import threading
     import time
 
     workers: list[multiprocessing.process.BaseProcess] = []
@@ -192,9 +193,13 @@ def test_an_interrupt_ends_the_workers_at_once(monkeypatch) -> None:
             raise KeyboardInterrupt
 
     trace = _two_streams()
+    threads_before = set(threading.enumerate())
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         simulate_many(trace, CONFIGS * 4, workers=2, progress=interrupt)
+    # the pool's own thread is gone too, at once: left running, it raced the interpreter's exit
+    # hook and a CLI ended by Ctrl-C printed a "Bad file descriptor" traceback after its line
+    assert set(threading.enumerate()) <= threads_before, threading.enumerate()
     while multiprocessing.active_children() and time.monotonic() - started < 30:
         time.sleep(0.05)  # ended by a signal: gone a moment later
     assert multiprocessing.active_children() == []
