@@ -66,6 +66,24 @@ def sidecar_path(target: Path) -> Path:
     return target.with_name(name + ".json")
 
 
+def check_save_targets(target: Path) -> Path:
+    """Refuse a save before anything is written: the pickle's path as any saved file, and its
+    sidecar's where a file there is the user's own (not a recording's sidecar). Returns the
+    sidecar's path.
+
+    Raises:
+        NotRegularFileError: which of the two cannot be written, and why.
+    """
+    from allocconf_widget.core.memory.recording import SIDECAR_MAX_BYTES, is_recording_sidecar
+    from allocconf_widget.core.untrusted import check_companion_target, check_write_target
+
+    check_write_target(target)
+    sidecar = sidecar_path(target)
+    check_companion_target(sidecar, is_ours=is_recording_sidecar, what="a recording's sidecar",
+                           limit=SIDECAR_MAX_BYTES)
+    return sidecar
+
+
 @dataclass(frozen=True)
 class DryRunCell:
     """The cell a dry run ran, as the batch planner re-runs it with each size."""
@@ -141,14 +159,13 @@ class DryRunResult:
         """
         from allocconf_widget._errors import SnapshotError
         from allocconf_widget.core.memory.snapshot import save_snapshot
-        from allocconf_widget.core.untrusted import NotRegularFileError, check_write_target
+        from allocconf_widget.core.untrusted import NotRegularFileError
 
         target = Path(path)
-        sidecar = sidecar_path(target)
         try:  # both paths before either file: a bad sidecar path replaced the pickle, then failed
-            check_write_target(sidecar)
+            sidecar = check_save_targets(target)
         except NotRegularFileError as exc:
-            raise SnapshotError(f"cannot write the sidecar {sidecar}: {exc}") from None
+            raise SnapshotError(f"cannot save the dry run as {target}: {exc}") from None
         save_snapshot(self.snapshot(), target)  # type: ignore[arg-type]
         meta = {"workload": "dry run", "description": f"a {LABEL} for {self.gpu.name}",
                 "torch": self.trace.torch_version, "device_name": self.gpu.name,

@@ -41,6 +41,8 @@ def build_report(snapshot: Snapshot, *, source: str, label: str, device: int | N
         SnapshotError: ``device`` has no segments in this snapshot (the message lists those that do).
     """
     with_segments = sorted({seg.get("device", 0) for seg in snapshot["segments"]})
+    if device is not None and device < 0:  # said as the monitor says it, before the long label
+        raise SnapshotError(f"device {device}: GPU indices start at 0")
     if device is not None and device not in with_segments:
         listed = ", ".join(map(str, with_segments)) or "none"
         raise SnapshotError(f"device {device} has no segments in {label} "

@@ -92,18 +92,18 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
         if torch_version is None and known.torch_version:
             torch_version = recorded_release(known.torch_version)
             if torch_version is not None:
-                used.append(f"torch {known.torch_version} (--torch-version)")
+                used.append(f"torch {printable(known.torch_version, 40)} (--torch-version)")
         if used:
             notes.append(f"from the recording's sidecar {known.path.name}: {' and '.join(used)}; "
                          "the option in brackets overrides it")
-    label = path
+    label = printable(path, 300)  # a name with an escape sequence must not reach a terminal raw
     from allocconf_widget.core.dryrun_facts import GAPS, LABEL, SNAPSHOT_MARK
 
     mark = snapshot.get(SNAPSHOT_MARK)
     if isinstance(mark, dict):  # written by app/dryrun: an estimate, named as the session names it
         gpu = mark.get("gpu_name")
         on = f" of a step on {printable(gpu, 60)}" if isinstance(gpu, str) and gpu else ""
-        label = f"{path} (a {LABEL}{on})"
+        label = f"{label} (a {LABEL}{on})"
         notes.extend(GAPS)
     return TraceSource(snapshot, label, torch_version, device_total, non_pytorch_bytes, device,
                        tuple(notes), fraction=fraction)
@@ -491,7 +491,8 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
         rows = tuple(SimulationRow(conf or "(torch defaults)", conf, r.with_fidelity(fidelity))
                      for conf, r in zip(confs, results[1:], strict=True))
     else:
-        rows = (SimulationRow(f"recorded: {recorded.describe()}", recorded.label or "",
+        shown = recorded.label if recorded.label is not None else recorded.describe()
+        rows = (SimulationRow(f"recorded: {recorded.describe()}", "" if shown == "(defaults)" else shown,
                               results[0].with_fidelity(fidelity), is_current=True, kind="recorded"),)
     return _with_gc_start_note(
         dataclasses.replace(head, fidelity=fidelity, rows=rows, notes=tuple(notes)), trace)

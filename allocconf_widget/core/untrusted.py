@@ -21,7 +21,7 @@ import os
 import secrets
 import stat
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -275,9 +275,14 @@ def check_write_target(target: str | os.PathLike[str]) -> int | None:
     Checked before work whose result is to be saved (a recorded or dry-run cell), so a bad
     ``--save`` is said before the cell runs rather than after.
 
+    A link is replaced only where it leads to a regular file, in a folder of the user's: a
+    rename over ``/dev/stdout`` (a link to the process's standard output) as root replaced the
+    system's link with a pickle for every process, as ``/dev/null`` itself once was.
+
     Raises:
-        NotRegularFileError: an empty name, a folder that does not exist, or something there
-            that is neither a regular file nor a link (a FIFO, a device, a directory).
+        NotRegularFileError: an empty name, a folder that does not exist or belongs to the
+            system's devices or processes (``/dev``, ``/proc``, ``/sys``), or something there
+            that is neither a regular file nor a link to one (a FIFO, a device, a directory).
     """
     name = os.fspath(target)
     if not name.strip():
@@ -286,25 +291,76 @@ def check_write_target(target: str | os.PathLike[str]) -> int | None:
     if not path.parent.is_dir():
         raise NotRegularFileError(errno.ENOENT, f"the folder {os.fspath(path.parent)!r} does not "
                                   f"exist; create it, or save {path.name!r} elsewhere")
+    folder = os.path.realpath(path.parent)
+    if _is_system_folder(folder):
+        raise NotRegularFileError(errno.EPERM, f"{name!r} is in {folder!r}, the system's devices "
+                                  "or processes; nothing was written (save to a file such as step.pickle)")
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
         return None
-    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+    if stat.S_ISLNK(mode):
+        try:
+            leads_to = path.stat().st_mode
+        except OSError:  # dangling, or a loop: the link alone is replaced
+            return mode
+        if not stat.S_ISREG(leads_to):
+            kind = "a directory" if stat.S_ISDIR(leads_to) else _kind(leads_to)
+            raise NotRegularFileError(errno.EEXIST, f"{name!r} is a link to {kind}, not to a "
+                                      "regular file; nothing was written (choose a file name)")
+        return mode
+    if not stat.S_ISREG(mode):
         kind = "a directory" if stat.S_ISDIR(mode) else _kind(mode)
         raise NotRegularFileError(errno.EEXIST, f"{name!r} is {kind}, not a regular "
                                   "file; nothing was written (choose a file name)")
     return mode
 
 
+def check_companion_target(target: str | os.PathLike[str], *, is_ours: Callable[[bytes], bool],
+                           what: str, limit: int) -> None:
+    """Refuse to write a file the user did not name (a snapshot's JSON sidecar beside the
+    pickle they named) over one the package did not write: ``--save results`` replaced the
+    user's own ``results.json`` with a sidecar, and said only that the pickle was saved.
+
+    ``is_ours`` tells from the first ``limit`` bytes whether a file there is ``what``.
+
+    Raises:
+        NotRegularFileError: as :func:`check_write_target`; or a file is there that is not
+            ``what`` (or cannot be read to tell).
+    """
+    check_write_target(target)
+    name = os.fspath(target)
+    try:
+        data = read_regular_file(name, limit)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise NotRegularFileError(errno.EEXIST, f"{name!r} exists and cannot be read to tell whether "
+                                  f"it is {what} ({exc.strerror or exc}); nothing was written") from None
+    if len(data) > limit or not is_ours(data):
+        raise NotRegularFileError(errno.EEXIST, f"{name!r} exists and is not {what}; nothing was "
+                                  "written (save under another name, or move that file)")
+
+
+_SYSTEM_FOLDERS = ("/dev", "/proc", "/sys")
+
+
+def _is_system_folder(folder: str) -> bool:
+    """``/dev`` itself (its links and nodes; not a tmpfs below it such as ``/dev/shm``), or
+    anywhere in ``/proc`` or ``/sys``: no file a user saves belongs there."""
+    if folder == "/dev":
+        return True
+    return any(folder == top or folder.startswith(top + "/") for top in _SYSTEM_FOLDERS[1:])
+
+
 def replace_file_atomically(target: str | os.PathLike[str], payload: bytes) -> None:
     """Write ``payload`` to a temporary file beside ``target``, then rename it over ``target``.
 
     Every file the package writes goes through here. A reader never sees half a file, and a
-    failure leaves no truncated file behind. A symbolic link at ``target`` is replaced, never
-    followed; anything else that is not a regular file (a FIFO, a device, a socket, a
-    directory) is refused untouched: run as root (Colab), a rename over ``/dev/null`` replaced
-    the system's device with a pickle.
+    failure leaves no truncated file behind. A symbolic link to a regular file at ``target`` is
+    replaced, never followed (:func:`check_write_target` refuses other links); anything else
+    that is not a regular file (a FIFO, a device, a socket, a directory) is refused untouched:
+    run as root (Colab), a rename over ``/dev/null`` replaced the system's device with a pickle.
 
     Raises:
         NotRegularFileError: ``target`` exists and is neither a regular file nor a link.

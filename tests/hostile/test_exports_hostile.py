@@ -135,6 +135,40 @@ def test_a_save_onto_a_fifo_or_a_link_changes_nothing_there(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's /proc and /dev")
+def test_a_link_to_a_pipe_a_folder_or_a_system_file_is_refused_and_left(tmp_path):
+    """``--save /dev/stdout`` as root replaced the system's link (to the process's standard
+    output) with a pickle: a link is replaced only where it leads to a regular file, and no
+    file is written into ``/dev``, ``/proc`` or ``/sys`` (checked without writing there)."""
+    from allocconf_widget.core.untrusted import (
+        NotRegularFileError,
+        check_write_target,
+        replace_file_atomically,
+    )
+
+    read_end, write_end = os.pipe()
+    try:
+        to_pipe = tmp_path / "out.pickle"
+        to_pipe.symlink_to(f"/proc/self/fd/{write_end}")
+        with pytest.raises(NotRegularFileError, match="link to a FIFO"):
+            replace_file_atomically(to_pipe, b"x")
+        assert to_pipe.is_symlink()
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    to_folder = tmp_path / "folder.pickle"
+    to_folder.symlink_to(tmp_path)
+    with pytest.raises(NotRegularFileError, match="link to a directory"):
+        replace_file_atomically(to_folder, b"x")
+    assert to_folder.is_symlink()
+    for system in ("/dev/stdout", "/dev/stderr", "/dev/fd/1", "/proc/self/comm", "/sys/kernel/x.pickle"):
+        with pytest.raises(NotRegularFileError, match="system's devices or processes"):
+            check_write_target(system)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    if Path("/dev/shm").is_dir():
+        check_write_target("/dev/shm/step.pickle")  # a tmpfs below /dev is a user's folder
+
+
 def test_two_flight_exports_in_one_second_keep_both(tmp_path, monkeypatch):
     """The OOM card's viewer export twice in a row: the second gets ``-2``, the first stays."""
     from allocconf_widget.app.flight import export_for_viewer, load_demo_oom

@@ -346,3 +346,17 @@ def test_ctrl_c_during_the_replays_ends_with_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-2000:]
     # the progress line is wiped, then the one line is said
     assert text.rsplit("\x1b[K", 1)[-1].strip() == "allocconf: interrupted", text[-500:]
+
+
+def test_ctrl_c_while_the_command_starts_is_one_line_too(monkeypatch, capsys) -> None:
+    """A Ctrl-C in the command's first tenth of a second landed while the parser was built,
+    outside the handler's ``try``: a traceback through ``build_parser``. Raised there here."""
+    from allocconf_widget.views.cli import main as cli
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["simulate", "x.pickle"]) == cli.INTERRUPTED
+    err = capsys.readouterr().err
+    assert err == "allocconf: interrupted\n", err

@@ -23,12 +23,20 @@ EDGE_VALUES: list[object] = [0, -1, 1, U64 - 1, U64, -U64, -U64 + 1, I64 - 1, I6
                              "alloc", "", b"x", [], [{}], {}, (1, 2), 3 + 0j]
 EDGES = st.sampled_from(EDGE_VALUES)
 VALUES = st.one_of(EDGES, st.integers(), st.floats(allow_nan=True), st.text(max_size=3))
-ENTRY = st.dictionaries(st.sampled_from((*sf.INLINE_ENTRY_FIELDS, "other")), VALUES, max_size=8)
+ANY_KEYS = st.dictionaries(st.sampled_from((*sf.INLINE_ENTRY_FIELDS, "other")), VALUES, max_size=8)
+# the keys torch always writes present (else the entry is refused for them, whatever the values)
+ACTIONS = st.one_of(EDGES, st.sampled_from(["alloc", "oom"]))
+WITH_REQUIRED = st.builds(lambda required, rest: {**rest, **required},
+                          st.fixed_dictionaries({"action": ACTIONS, "size": VALUES, "addr": VALUES}),
+                          ANY_KEYS)
+ENTRY = st.one_of(ANY_KEYS, WITH_REQUIRED)
 
 
 def _generic(entry: object) -> str | None:
     try:
         sf._fields(entry, "device_traces[0][0]", sf._ENTRY)
+        assert isinstance(entry, dict)
+        sf._required(entry, "device_traces[0][0]")
     except SnapshotError as exc:
         return str(exc)
     return None
@@ -52,7 +60,7 @@ def test_same_verdict_and_message_as_the_generic_checks(entry):
                                    {"frames": ()}, {"size": I64}, {"stream": -I64 - 1}])
 def test_edge_entries(entry):
     assert _inline(entry) == _generic(entry)
-    assert _generic(entry) is not None or entry == {}
+    assert _generic(entry) is not None  # {} too: an entry without action, size and addr
 
 
 def test_a_plain_entry_passes():

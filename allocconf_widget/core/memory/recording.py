@@ -256,6 +256,17 @@ def recording_from_dict(
 SIDECAR_MAX_BYTES = 8 << 20
 
 
+def is_recording_sidecar(data: bytes) -> bool:
+    """Whether ``data`` (a file's bytes) is a recording's JSON sidecar, one this package would
+    write or read: a JSON object with ``device_total_bytes``. Anything else beside a snapshot
+    is the user's, and a save never replaces it."""
+    try:
+        meta = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+    except Exception:  # untrusted bytes: any failure means "not a sidecar"
+        return False
+    return isinstance(meta, dict) and "device_total_bytes" in meta
+
+
 @dataclass(frozen=True)
 class SidecarFacts:
     """What a recording's JSON sidecar tells a replay of its snapshot: the device, the torch."""
@@ -269,6 +280,9 @@ class SidecarFacts:
 
 #: the largest device a sidecar may claim (1 PiB): more is not a GPU, it is a broken file
 SIDECAR_MAX_DEVICE_BYTES = 1 << 50
+#: the smallest device memory a replay accepts, from a sidecar or ``--device-total``: less made
+#: every replay "OOM at event 1"
+MIN_DEVICE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -318,7 +332,7 @@ def read_sidecar(snapshot_path: str | os.PathLike[str]) -> SidecarRead:
                             "of bytes")
     if total is None:
         return SidecarRead(None)  # a JSON file of something else: nothing to say about it
-    if not 0 < total <= SIDECAR_MAX_DEVICE_BYTES:
+    if not MIN_DEVICE_BYTES <= total <= SIDECAR_MAX_DEVICE_BYTES:
         return _bad_sidecar(sidecar, f"'device_total_bytes' {printable(repr(total), 40)} is not a "
                             "device's memory")
     if non_pytorch is not None and not 0 <= non_pytorch <= total:

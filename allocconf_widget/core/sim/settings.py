@@ -189,7 +189,7 @@ class SimSettings:
             per_process_memory_fraction=fraction if fraction is None or 0 <= fraction <= 1 else None,
             throw_on_cudamalloc_oom=bool(throw),
             torch_version=version,
-            label=text if isinstance(text, str) else None,
+            label=_recorded_label(text, pairs, s),
         )
 
     def describe(self) -> str:
@@ -214,6 +214,38 @@ class SimSettings:
         if self.throw_on_cudamalloc_oom:
             parts.append("throw_on_cudamalloc_oom:True")
         return ",".join(parts) or "(defaults)"
+
+
+#: read-back keys and the option of the settings string each one comes from
+_READBACK_OPTIONS = (("max_split_size", "max_split_size_mb"),
+                     ("garbage_collection_threshold", "garbage_collection_threshold"),
+                     ("expandable_segments", "expandable_segments"))
+
+
+def _recorded_label(text: object, pairs: Mapping[str, str], readback: Mapping[str, Any]) -> str | None:
+    """The recorded settings string as the row's name, where it names what is replayed: a
+    string with control characters (a crafted file: escape sequences reached the terminal),
+    or one the read-back values contradict (a crafted file, or torch's ``_set_allocator_settings``
+    called with part of the options after the variable: the string is only the last call's)
+    gives None, and :meth:`SimSettings.describe` names the values instead."""
+    if not isinstance(text, str) or not text.isprintable():
+        return None
+    for key, option in _READBACK_OPTIONS:
+        held = readback.get(key)
+        if held is None:
+            continue
+        said = pairs.get(option)
+        if key == "max_split_size":
+            held_bytes = _text_int(held)
+            unlimited = held_bytes is None or not 0 < held_bytes < (1 << 63)
+            agrees = said is None if unlimited else _mib(_text_int(said)) == held_bytes
+        elif key == "expandable_segments":
+            agrees = bool(held) == (said == "True")
+        else:
+            agrees = _opt_float(held) == (_opt_float(said) if said is not None else 0.0)
+        if not agrees:
+            return None
+    return text
 
 
 @dataclass(frozen=True)

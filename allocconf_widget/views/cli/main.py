@@ -53,9 +53,14 @@ INTERRUPTED = 130
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code (0 ok, 2 bad input, 1 other failure, 130
-    interrupted: Ctrl-C during a long what-if ends it with one line, not a 40-line traceback)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    interrupted: Ctrl-C during a long what-if ends it with one line, not a 40-line traceback;
+    so does one while the parser is being built, the command's first tenth of a second)."""
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        print("allocconf: interrupted", file=sys.stderr)
+        return INTERRUPTED
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from allocconf_widget._errors import AllocConfError, SnapshotError
+from allocconf_widget._errors import AllocConfError, SnapshotError, printable
 
 _PROG = "allocconf simulate"
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
@@ -109,13 +109,15 @@ def _run(args: argparse.Namespace) -> int:
     version = None
     if args.torch_version:
         try:
+            if not args.torch_version.isprintable():  # read as its prefix, "2.4\x1b[2J" was 2.4
+                raise AllocConfError(f"{printable(args.torch_version, 40)} is not a release such as 2.11")
             version = simulated_release(args.torch_version)
         except AllocConfError as exc:
             raise _BadInputError(f"--torch-version: {exc}") from None
     progress = _Progress.on_a_terminal(sys.stderr)
     try:
         if progress is not None:
-            progress.say(f"reading {path.name}")
+            progress.say(f"reading {printable(path.name, 120)}")
         source = file_source(str(path), torch_version=version, device_total=device_total,
                              non_pytorch_bytes=non_pytorch, device=args.device)
         if progress is not None:
@@ -187,7 +189,9 @@ def _sizes(args: argparse.Namespace) -> tuple[int | None, int | None]:
         other = parse_size(args.non_pytorch) if args.non_pytorch is not None else None
     except ValueError as exc:
         raise _BadInputError(str(exc)) from None
-    if total is not None and total < 1 << 20:  # 0, or 0.4 bytes: every replay "OOM at event 0"
+    from allocconf_widget.core.memory.recording import MIN_DEVICE_BYTES
+
+    if total is not None and total < MIN_DEVICE_BYTES:  # 0, or 0.4 bytes: every replay "OOM at event 0"
         raise _BadInputError(f"--device-total {args.device_total[:40]!r} is less than 1 MiB; give "
                              "the GPU's memory, e.g. 16GiB or 80GB")
     if total is not None and other is not None and other >= total:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from allocconf_widget._errors import printable
 from allocconf_widget.app.report import MemoryReport
 from allocconf_widget.core.memory.metrics import DeviceMetrics, Metrics
 from allocconf_widget.core.memory.snapshot import Snapshot, allocator_settings, devices_in, has_trace
@@ -63,7 +64,9 @@ def _settings_line(snapshot: Snapshot) -> str:
     shown = {k: v for k, v in settings.items() if k != "roundup_power2_divisions"}
     if shown.get("max_split_size") == -1:
         shown["max_split_size"] = "unlimited"
-    return "allocator settings: " + ", ".join(f"{k}={v}" for k, v in shown.items())
+    # values from the file: a crafted string carried escape sequences to the terminal
+    return "allocator settings: " + ", ".join(f"{printable(str(k), 60)}={printable(str(v), 300)}"
+                                              for k, v in shown.items())
 
 
 def _devices_line(devices: Any) -> str:
