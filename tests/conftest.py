@@ -3,7 +3,8 @@
 * ``_isolated_alloc_env`` (autouse): removes ``PYTORCH_CUDA_ALLOC_CONF``,
   ``PYTORCH_ALLOC_CONF`` and ``PYTORCH_HIP_ALLOC_CONF`` before each test, restores
   the original values afterwards, and points ``XDG_CONFIG_HOME`` at a per-test
-  directory, so no test reads or writes the real ``~/.config``.
+  directory, so no test reads or writes the real ``~/.config``; the test's first
+  ``%load_ext`` re-applies saved settings as a new kernel's does.
 * ``_no_thread_leaks`` (autouse): a test that leaves behind a new non-daemon thread,
   or any thread whose name starts with ``allocconf``, fails at teardown (the idea of
   tqdm's ``tqdm._instances`` check). Opt out with ``@pytest.mark.allow_thread_leak``.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -146,6 +148,9 @@ def _isolated_alloc_env(xdg_config_home: Path) -> Iterator[dict[str, str | None]
     for k in ALLOC_CONF_VARS:
         os.environ.pop(k, None)
     os.environ["XDG_CONFIG_HOME"] = str(xdg_config_home)
+    extension = sys.modules.get("allocconf_widget.views.magic.extension")
+    if extension is not None:  # each test's first %load_ext is a new kernel's: it re-applies
+        extension.LOAD_STATE["loaded_before"] = False  # saved settings (a second load in a test does not)
     try:
         yield {k: saved[k] for k in ALLOC_CONF_VARS}
     finally:

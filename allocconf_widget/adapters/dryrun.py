@@ -23,6 +23,7 @@ import linecache
 import os
 import sys
 import time
+import traceback
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -540,7 +541,8 @@ class DryRun:
                                "are fixed; the prediction still holds for a fresh process")
         stack = contextlib.ExitStack()
         try:
-            stack.enter_context(tp.TorchDefaultsRestored(torch))  # exits last: after the mode
+            stack.enter_context(tp.dispatch_keys_preserved(torch))  # exits last of all
+            stack.enter_context(tp.TorchDefaultsRestored(torch))  # after the mode
             stack.enter_context(tp.UserObjectsRestored(torch))
             stack.enter_context(tp.GpuContextInitBlocked())
             stack.enter_context(tp.FakeParameterSwaps(torch))
@@ -564,6 +566,14 @@ class DryRun:
         torch = self._torch
         assert torch is not None and self._stack is not None
         seconds = time.perf_counter() - self._start
+        if isinstance(exc, KeyboardInterrupt) and tb is not None:
+            # a Ctrl-C landing as one of torch's context managers had entered but before its
+            # ``with`` took hold leaves that generator suspended, its dispatch guards on, and
+            # referenced from the traceback the shell keeps (%debug): finalized at some later,
+            # random moment, it reset dispatch state under the user's next training step
+            # (autograd then failed: "element 0 of tensors does not require grad"). Dropping
+            # the frames' locals finalizes it here, before the dispatch keys are put back.
+            traceback.clear_frames(tb)
         self._stack.close()
         log = self._log
         log.open = False

@@ -256,8 +256,8 @@ def forget(scope: Scope = "project") -> bool:
     """Delete the saved settings of ``scope``; True if there was a file."""
     try:
         settings_path(scope).unlink()
-    except FileNotFoundError:
-        return False
+    except (FileNotFoundError, NotADirectoryError):  # a file where a folder of the path should
+        return False  # be: nothing can have been saved there
     return True
 
 

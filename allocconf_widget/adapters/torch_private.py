@@ -17,6 +17,7 @@ before CUDA initialisation and does not initialise CUDA.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
 from types import ModuleType
@@ -441,6 +442,17 @@ def memory_viz_html(torch: ModuleType, snapshot: Any, kind: str) -> str:
 # adapters/dryrun.py runs user code on FakeTensorMode's fake "cuda" tensors; the fake-tensor
 # machinery is private, so every name it needs is reached through here.
 
+def dispatch_keys_preserved(torch: ModuleType) -> Any:
+    """torch's ``_PreserveDispatchKeyGuard``: the thread's dispatch-key sets (what is included,
+    such as Meta while a fake op runs, and excluded, such as Autograd below it) as they were on
+    entry, put back on exit. A Ctrl-C between a fake op's context manager entering and its
+    ``with`` taking hold left that generator suspended; finalized later, its own guard restored
+    the sets of *inside* an op, and autograd stopped working in the user's next training step.
+    A no-op context where torch lacks it."""
+    guard = getattr(getattr(torch, "_C", None), "_PreserveDispatchKeyGuard", None)
+    return guard() if guard is not None else contextlib.nullcontext()
+
+
 def fake_cuda_mode() -> Any:
     """A ``FakeTensorMode`` that turns real tensors it meets into fakes (a model built on the CPU
     before the dry run can be moved to "cuda" inside it), and never touches the GPU.
@@ -586,9 +598,9 @@ class TorchDefaultsRestored:
     to keep open; one that called ``torch.set_grad_enabled(False)`` left the next real training
     cell without gradients. Restored: the default device and dtype, grad mode, anomaly
     detection, deterministic algorithms, the float32 matmul precision, cuDNN's flags, and the
-    CPU random generator (a model built in the cell draws its initial weights from it), so the
-    real run after a dry run computes what it would have computed without one. None of these
-    reads or starts CUDA.
+    CPU random generator (a model built in the cell draws its initial weights from it), and the
+    thread's "meta" dispatch flag that fake ops set while they run, so the real run after a dry
+    run computes what it would have computed without one. None of these reads or starts CUDA.
     """
 
     def __init__(self, torch: ModuleType) -> None:
@@ -599,7 +611,14 @@ class TorchDefaultsRestored:
     def __enter__(self) -> TorchDefaultsRestored:
         torch = self._torch
         self._device = _default_device_context(torch)
-        pairs: list[tuple[Any, Any]] = [
+        pairs: list[tuple[Any, Any]] = []
+        c: Any = getattr(torch, "_C", None)
+        if hasattr(c, "_meta_in_tls_dispatch_include") and hasattr(c, "_set_meta_in_tls_dispatch_include"):
+            # first back: a Ctrl-C landing as a fake op enters its kernel (torch's
+            # in_kernel_invocation_manager sets it before its ``try``) left it on, and every
+            # later CPU op recursed until the kernel restarted
+            pairs.append((c._meta_in_tls_dispatch_include, c._set_meta_in_tls_dispatch_include))
+        pairs += [
             (torch.get_default_dtype, torch.set_default_dtype),
             (torch.is_grad_enabled, torch.set_grad_enabled),
             (torch.is_anomaly_enabled, torch.set_anomaly_enabled),

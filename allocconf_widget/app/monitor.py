@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -53,6 +54,8 @@ def check_options(*, interval: float, device: int | None) -> None:
     Raises:
         ValueError: the interval or the device index is out of range.
     """
+    if math.isnan(interval):  # NaN compares false with everything: it read as "too long"
+        raise ValueError("interval nan is not a number of seconds: give e.g. --interval 0.5")
     if interval < MIN_INTERVAL:
         raise ValueError(f"interval {interval:g} s is too short: sample at most every "
                          f"{MIN_INTERVAL} s (100 Hz)")

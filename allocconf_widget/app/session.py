@@ -81,6 +81,9 @@ class SaveOutcome:
     error: str | None = None
     scope: str = "project"
     forgotten: bool = False  # removed since (``%allocconf forget``): new kernels do not re-apply it
+    #: a global default saved in a project with a file of its own: new kernels here re-apply that
+    #: file instead (the global apply was lost at the next restart without a word)
+    project_file: str | None = None
 
     @property
     def saved(self) -> bool:
@@ -92,6 +95,10 @@ class SaveOutcome:
             return (f"Not saved any more: {what} ({self.path}) was removed by %allocconf forget, so "
                     "new kernels do not re-apply it.")
         if self.saved:
+            if self.scope == "global" and self.project_file is not None:
+                return (f"Saved as the global default to {self.path}, but this project has "
+                        f"settings of its own ({self.project_file}), which its new kernels re-apply "
+                        "instead: %allocconf forget removes them, %allocconf apply saves these there.")
             if self.scope == "global":
                 return (f"Saved as the global default to {self.path} (re-applied by %load_ext "
                         "allocconf_widget in projects without settings of their own; "
@@ -176,7 +183,17 @@ def save_settings(conf: AllocConf, scope: persist.Scope = "project") -> SaveOutc
         persist.save(conf, scope)
     except OSError as exc:
         return SaveOutcome(str(path), f"{path} cannot be written ({exc.strerror or exc})")
-    return SaveOutcome(str(path), scope=scope)
+    return SaveOutcome(str(path), scope=scope,
+                       project_file=_project_file() if scope == "global" else None)
+
+
+def _project_file() -> str | None:
+    """This project's own settings file, where there is one (it wins over the global default)."""
+    try:
+        path = persist.settings_path("project")
+    except (persist.NoConfigDirError, persist.NoProjectDirError):
+        return None
+    return str(path) if path.exists() or path.is_symlink() else None
 
 
 class Session:

@@ -139,6 +139,18 @@ def test_plan_reruns_the_cell_per_batch_size(ip, capsys):
     assert "largest predicted to fit with (torch defaults): batch 65536" in out
 
 
+def test_plan_refuses_a_name_the_cell_never_reads(ip, capsys):
+    """``plan BATHC ...`` (a typo) ran the same step at every size and called the largest
+    "predicted to fit"; a name that is no variable at all was taken too."""
+    ip.run_cell_magic("allocconf", "dryrun --gpu t4", CELL)
+    capsys.readouterr()
+    with pytest.raises(UsageError, match="the dry-run cell never reads BATHC"):
+        ip.run_line_magic("allocconf", "plan BATHC 8 4096 100000000")
+    with pytest.raises(UsageError, match="'not a var' is not a variable name"):
+        ip.run_line_magic("allocconf", "plan 'not a var' 32")
+    assert "largest predicted to fit" not in capsys.readouterr().out
+
+
 def test_plan_without_a_dryrun_cell_says_what_to_do(ip):
     with pytest.raises(UsageError, match="run a cell with %%allocconf dryrun first"):
         ip.run_line_magic("allocconf", "plan BATCH 8 16")
@@ -384,6 +396,54 @@ def test_torch_defaults_a_cell_sets_are_put_back(ip, capsys):
     assert torch.is_grad_enabled() and torch.backends.cudnn.benchmark is False
 
 
+def test_ctrl_c_as_a_fake_op_enters_its_kernel_leaves_torch_usable(ip, monkeypatch):
+    """A Ctrl-C landing as torch's ``in_kernel_invocation_manager`` has been entered, before the
+    ``with`` holding it takes hold, left its generator suspended: the thread's meta dispatch
+    flag stayed on (every later CPU op recursed until the kernel restarted; 2 of 6 timed
+    interrupts), and finalized later, at random, it broke autograd. Modelled by raising right
+    after the real ``__enter__``; the interrupt reaches the user, torch and autograd work after
+    it, and keep working once the shell lets the traceback go."""
+    import gc
+    import sys
+
+    from torch._subclasses import fake_tensor
+
+    original = fake_tensor.in_kernel_invocation_manager
+    entered = [0]
+
+    class InterruptedOnEntry:
+        def __init__(self, mode):
+            self.inner = original(mode)
+
+        def __enter__(self):
+            got = self.inner.__enter__()
+            entered[0] += 1
+            if entered[0] == 20:
+                raise KeyboardInterrupt  # the signal, delivered at this bytecode boundary
+            return got
+
+        def __exit__(self, *exc):
+            return self.inner.__exit__(*exc)
+
+    def torch_works() -> None:
+        assert torch._C._meta_in_tls_dispatch_include() is False
+        assert torch.equal(torch.ones(3) + 1, torch.full((3,), 2.0))
+        weight = torch.ones(2, requires_grad=True)
+        (weight * 3).sum().backward()
+        assert torch.equal(weight.grad, torch.full((2,), 3.0))
+
+    monkeypatch.setattr(fake_tensor, "in_kernel_invocation_manager", InterruptedOnEntry)
+    # as a notebook runs the cell: the shell keeps the traceback (``%debug`` reads it)
+    result = ip.run_cell("%%allocconf dryrun\nkeep = [torch.empty(1024, device='cuda') for i in range(200)]")
+    monkeypatch.undo()
+    assert isinstance(result.error_in_exec, KeyboardInterrupt) and entered[0] == 20
+    torch_works()
+    ip.run_cell("1 / 0")  # the next error takes the kept traceback's place
+    sys.last_traceback = sys.last_value = None
+    gc.collect()
+    torch_works()
+
+
 def test_a_bad_save_path_is_said_before_the_cell_runs_and_keeps_the_dry_run(ip, capsys, tmp_path):
     from allocconf_widget.app.session import get_session
 
@@ -419,3 +479,34 @@ def test_a_bad_sidecar_path_is_said_before_the_cell_runs_and_keeps_the_old_pickl
         ip.run_cell_magic("allocconf", f"dryrun --save {old}", CELL)
     assert old.read_bytes() == b"an older snapshot"
     assert "A dry run" not in capsys.readouterr().out
+
+
+def test_a_save_never_replaces_a_json_file_of_the_users_and_names_both_files(ip, capsys, tmp_path):
+    """``--save results`` wrote its sidecar over the user's own ``results.json`` and said only
+    that the pickle was saved: a file there that is not a recording's sidecar is refused before
+    the cell runs; a sidecar of an earlier save is replaced, and the line names both files."""
+    mine = tmp_path / "results.json"
+    mine.write_text('{"my": "precious data"}')
+    with pytest.raises(UsageError, match=r"results\.json' exists and is not a recording's sidecar"):
+        ip.run_cell_magic("allocconf", f"dryrun --gpu t4 --save {tmp_path / 'results'}", CELL)
+    assert mine.read_text() == '{"my": "precious data"}' and not (tmp_path / "results").exists()
+    assert "A dry run" not in capsys.readouterr().out
+    path = tmp_path / "step.pickle"
+    for _ in range(2):  # the second save replaces the first one's sidecar
+        ip.run_cell_magic("allocconf", f"dryrun --gpu t4 --save {path}", CELL)
+        out = capsys.readouterr().out
+        said = f"Saved the dry-run snapshot to {path}, and the GPU and torch it predicts for to "
+        assert f"{said}{tmp_path / 'step.json'}" in out, out
+    assert '"device_total_bytes"' in (tmp_path / "step.json").read_text()
+
+
+def test_the_library_save_refuses_a_json_file_of_the_users_too(tmp_path):
+    from allocconf_widget._errors import SnapshotError
+    from allocconf_widget.app.dryrun import DryRunResult
+
+    mine = tmp_path / "step.json"
+    mine.write_text("[1, 2, 3]")
+    result = object.__new__(DryRunResult)  # save() checks both paths before it reads the run
+    with pytest.raises(SnapshotError, match=r"step\.json' exists and is not a recording's sidecar"):
+        result.save(tmp_path / "step.pickle")
+    assert mine.read_text() == "[1, 2, 3]" and not (tmp_path / "step.pickle").exists()

@@ -76,6 +76,10 @@ def test_settings_saved_in_one_project_do_not_follow_into_another(kernel_factory
     first.restart()  # the first project keeps its own
     out, _, _ = first.execute("%load_ext allocconf_widget")
     assert f"re-applied '{OPT}'" in out and "this project's" in out
+    # a global default saved there says at once that this project's own file wins here
+    out, _, err = first.execute("%allocconf set garbage_collection_threshold=0.5\n"
+                                "%allocconf apply --global")
+    assert err is None and "but this project has settings of its own" in out, out
 
 
 def test_a_variable_the_user_exported_is_replaced_only_by_project_settings_and_the_line_says_so(

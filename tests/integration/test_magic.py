@@ -226,10 +226,50 @@ def test_hostile_set_lines_are_usage_errors_and_change_nothing(ip, capsys, line,
     assert dict(os.environ) == env
 
 
+def test_an_option_given_twice_is_said_not_silently_resolved(ip, capsys):
+    """In one string torch takes the last value (a warning says so); as two ``k=v`` words it is
+    a slip, refused with nothing changed."""
+    from allocconf_widget.app.session import get_session
+
+    _, out = magic(ip, "set expandable_segments:True,max_split_size_mb:512,expandable_segments:False", capsys)
+    assert "warning: expandable_segments is given twice" in out and "torch uses the last one" in out, out
+    before = get_session(ip).staged()
+    with pytest.raises(UsageError, match=r"max_split_size_mb is given twice \(128 and 1024\)"):
+        ip.run_line_magic("allocconf", "set max_split_size_mb=128 max_split_size_mb=1024")
+    assert get_session(ip).staged() == before
+
+
+def test_an_interrupted_line_magic_says_one_line(ip, monkeypatch):
+    """The kernel's interrupt during ``%allocconf simulate`` printed a dozen frames of ours (the
+    CLI says one line): a ``UsageError`` naming the command stops the cell instead."""
+    from pathlib import Path
+
+    import allocconf_widget.app.simulate as app_simulate
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(app_simulate, "simulate", interrupted)
+    trace = Path(__file__).resolve().parents[1] / "data" / "cnn__default.pickle.gz"
+    with pytest.raises(UsageError, match=r"^%allocconf simulate interrupted$"):
+        ip.run_line_magic("allocconf", f"simulate {trace}")
+
+
 def test_panel_in_terminal_prints_text(ip, capsys):
     panel, out = magic(ip, "", capsys)
     assert panel is None
     assert "max_split_size_mb" in out and "default (unset)" in out
+    assert "unset (torch's defaults)" in out and "=''" not in out  # no variable is not ''
+
+
+def test_the_terminal_panel_marks_a_staged_draft_as_the_widget_panel_does(ip, capsys):
+    """With torch imported ``set`` only stages: ``show`` said so, while the text panel printed
+    the draft as the variable, with no "(after Apply)" as the widget panel has."""
+    import torch  # noqa: F401  (imported: set stages instead of writing the environment)
+
+    magic(ip, f"set {OPT_SET}", capsys)
+    _, out = magic(ip, "", capsys)
+    assert f"={OPT!r} (after Apply)" in out, out
 
 
 def test_cell_magic_refuses_line_only_subcommands(ip):
@@ -243,6 +283,95 @@ def test_unload_removes_the_magic(ip):
     assert ip.find_line_magic("allocconf") is None
     ip.run_line_magic("load_ext", "allocconf_widget")
     assert ip.find_line_magic("allocconf") is not None
+
+
+def test_reloading_the_extension_keeps_what_was_set_and_unloading_disarms_the_recorder(tmp_path):
+    """``%reload_ext`` re-applied the saved settings over a value set since (and called it
+    "exported before the kernel started"); ``%unload_ext`` left the flight recorder's import
+    watcher armed with no magic to stop it. In a fresh interpreter, as a kernel is."""
+    code = textwrap.dedent("""
+        import os, sys
+        from IPython.testing.globalipapp import start_ipython
+        ip = start_ipython()
+        ip.run_line_magic("load_ext", "allocconf_widget")
+        ip.run_line_magic("allocconf", "set expandable_segments=True")
+        ip.run_line_magic("allocconf", "apply")
+        ip.run_line_magic("allocconf", "set garbage_collection_threshold=0.6")
+        before = {k: v for k, v in os.environ.items() if k.endswith("ALLOC_CONF")}
+        print("<<<")
+        ip.run_line_magic("reload_ext", "allocconf_widget")
+        print(">>>")
+        after = {k: v for k, v in os.environ.items() if k.endswith("ALLOC_CONF")}
+        print("KEPT", before == after, after)
+        ip.run_line_magic("allocconf", "flight on")
+        ip.run_line_magic("unload_ext", "allocconf_widget")
+        print("WATCHERS", [type(f).__name__ for f in sys.meta_path if "allocconf" in type(f).__module__])
+    """)
+    env = {k: v for k, v in os.environ.items() if "ALLOC_CONF" not in k}
+    env["XDG_CONFIG_HOME"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          check=False, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    assert "KEPT True" in out and "garbage_collection_threshold:0.6" in out, out[-2000:]
+    said = out.split("<<<\n", 1)[1].split(">>>", 1)[0]
+    assert said.startswith("allocconf_widget: loaded again in this kernel; ") and said.count("\n") == 1, said
+    assert "garbage_collection_threshold:0.6" in said and "before the kernel started" not in said, said
+    assert "WATCHERS []" in out, out[-2000:]
+
+
+def test_reset_before_import_torch_says_it_removed_the_variable_and_discard_claims_nothing(tmp_path):
+    """Before ``import torch``, ``reset`` removes the variable at once (as ``set`` writes it) but
+    said only "Staged", and ``discard`` then said "dropped" while nothing came back; unsetting
+    the last option said ``PYTORCH_ALLOC_CONF='' set`` for a variable that was removed."""
+    code = textwrap.dedent("""
+        import os
+        from IPython.testing.globalipapp import start_ipython
+        ip = start_ipython()
+        ip.run_line_magic("load_ext", "allocconf_widget")
+        ip.run_line_magic("allocconf", "set expandable_segments=True")
+        print("<<<")
+        ip.run_line_magic("allocconf", "reset")
+        print("ENV", sorted(k for k in os.environ if k.endswith("ALLOC_CONF")))
+        ip.run_line_magic("allocconf", "discard")
+        ip.run_line_magic("allocconf", "set max_split_size_mb=256")
+        ip.run_line_magic("allocconf", "set --replace max_split_size_mb=default")
+    """)
+    env = {k: v for k, v in os.environ.items() if "ALLOC_CONF" not in k}
+    env["XDG_CONFIG_HOME"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          check=False, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.split("<<<\n", 1)[1].splitlines()
+    assert lines[0].endswith("removed from the environment: torch's defaults apply when CUDA starts "
+                             "(%allocconf apply also saves that for kernel restarts)."), lines
+    assert lines[1] == "ENV []" and lines[2].startswith("Nothing staged to drop"), lines
+    assert lines[-1].endswith("removed from the environment: torch's defaults apply when CUDA starts "
+                              "(%allocconf apply also saves that for kernel restarts)."), lines
+    assert "Staged torch's defaults" not in done.stdout and "=''" not in done.stdout
+
+
+def test_an_invalid_exported_variable_is_called_invalid_at_load_and_when_set_drops_it(tmp_path):
+    """``PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb=128`` (``=`` for ``:``) was said to "apply" at
+    load, and a later ``set`` replaced it without a word about the option it dropped."""
+    code = textwrap.dedent("""
+        from IPython.testing.globalipapp import start_ipython
+        ip = start_ipython()
+        ip.run_line_magic("load_ext", "allocconf_widget")
+        ip.run_line_magic("allocconf", "set expandable_segments=True")
+        ip.run_line_magic("allocconf", "set garbage_collection_threshold=0.5")
+    """)
+    env = {k: v for k, v in os.environ.items() if "ALLOC_CONF" not in k}
+    env.update(XDG_CONFIG_HOME=str(tmp_path), PYTORCH_CUDA_ALLOC_CONF="max_split_size_mb=128")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          check=False, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    load, note, *rest = done.stdout.splitlines()
+    assert "from the environment applies, but it is not valid: " in load
+    assert "write max_split_size_mb:128" in load
+    assert note == ("note: PYTORCH_CUDA_ALLOC_CONF='max_split_size_mb=128' was not valid, so none of it "
+                    "was kept; set its options again (with ':' or '=' here) if you want them"), note
+    assert not any(line.startswith("note:") for line in rest), rest  # said once: the variable is valid now
 
 
 def test_set_before_import_torch_just_works_in_a_fresh_interpreter(tmp_path):
@@ -281,6 +410,23 @@ def test_forget_that_cannot_delete_is_a_usage_error(ip, xdg_config_home):
     with pytest.raises(UsageError, match="cannot be removed"):
         ip.run_line_magic("allocconf", "forget")
     assert target.is_dir()
+
+
+def test_forget_with_a_file_where_the_config_folder_should_be_says_nothing_was_saved(ip, capsys,
+                                                                                    xdg_config_home):
+    xdg_config_home.mkdir(parents=True, exist_ok=True)
+    (xdg_config_home / "allocconf_widget").write_text("not a folder")
+    _, out = magic(ip, "forget", capsys)
+    assert out.startswith("Nothing was saved as this project's saved settings"), out
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("apply --no-save --global", "--no-save and --global contradict each other"),
+    ("monitor --interval nan", "interval nan is not a number of seconds"),
+])
+def test_contradictory_or_meaningless_options_are_refused(ip, line, message):
+    with pytest.raises(UsageError, match=message):
+        ip.run_line_magic("allocconf", line)
 
 
 # ----------------------------------------------------------------- conveniences

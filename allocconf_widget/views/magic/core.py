@@ -90,7 +90,7 @@ def run_show(_args: argparse.Namespace, ctx: MagicContext) -> dict[str, Any]:
         print(f"Staged:    {session.staged().to_string() or '(torch defaults)'}  "
               "(not applied: %allocconf apply)")
     for name, value in state.env.set_vars.items():
-        print(f"  {name}={value!r}")
+        print(f"  {name}={_shown_value(value)}")
     for problem in state.env.problems:
         print(f"  problem: {problem}")
     check = read_back(current, state=state)
@@ -101,9 +101,14 @@ def run_show(_args: argparse.Namespace, ctx: MagicContext) -> dict[str, Any]:
         print("Effective: not readable yet: torch reads the settings when CUDA starts")
     else:
         print(f"Effective: {check.summary()}")
-    saved = persist.load(state.version)
+    from allocconf_widget.views.text.notes import warnings_as_notes
+
+    with warnings_as_notes() as ignored:  # said as a line of this view, not Python's warning display
+        saved = persist.load(state.version)
     print(f"Saved:     {saved.conf.to_string() or '(defaults)'} as {saved.describe_source()}" if saved
           else "Saved:     nothing for this project (apply saves)")
+    for note in ignored:
+        print(f"  problem: {printable(note, 400)}")
     return {"state": state, "requested": current, "readback": check, "saved": saved}
 
 
@@ -127,7 +132,12 @@ def _parse_settings(items: list[str]) -> tuple[dict[str, str | None], str | None
         name, _, value = item.partition(sep)
         # strip only what torch calls whitespace: a pasted no-break space must reach the parser
         name, value = name.strip(C_WHITESPACE_TEXT), value.strip(C_WHITESPACE_TEXT)
-        options[name] = None if value in ("default", "unset") else value
+        given = None if value in ("default", "unset") else value
+        if name in options and options[name] != given:  # the last one silently won
+            raise AllocConfError(f"{name} is given twice ({options[name] or 'default'} and "
+                                 f"{given or 'default'})", option=name,
+                                 fix=f"give it once, e.g. {name}={value}")
+        options[name] = given
     return options, None
 
 
@@ -136,6 +146,8 @@ def run_set(args: argparse.Namespace, ctx: MagicContext) -> Any:
 
     session = ctx.session
     items = list(args.settings)
+    state = session.state()
+    invalid = _env_text(dict(state.env.set_vars)) if state.env.problems and not replace_all(args) else ""
     pasted, value = strip_variable_prefix(" ".join(items))
     replace = args.replace
     before = session.staged().to_string() if pasted is not None else ""
@@ -148,6 +160,9 @@ def run_set(args: argparse.Namespace, ctx: MagicContext) -> Any:
     if whole is not None:
         conf = parse_conf(whole, session.state().version, warn=False)
         staged = session.stage(conf if replace else session.staged().merge(conf))
+        for warning in conf.warnings:  # the string's own (an option given twice): merging drops them
+            if warning not in staged.warnings:
+                print(f"warning: {warning}")
     elif replace:
         staged = session.update(options, base=parse_conf("", session.state().version, warn=False))
     else:
@@ -155,8 +170,16 @@ def run_set(args: argparse.Namespace, ctx: MagicContext) -> Any:
     if pasted is not None:  # said once it worked: before, a value that failed still "replaced"
         print(f"note: dropped the variable name {pasted}= and staged its value as the whole "
               "configuration" + (f", replacing the staged {before}" if before else ""))
+    elif invalid:  # the exported value was never merged: its options vanished without a word
+        print(f"note: {invalid} was not valid, so none of it was kept; set its options again "
+              "(with ':' or '=' here) if you want them")
     _report_staged(session, staged)
     return staged
+
+
+def replace_all(args: argparse.Namespace) -> bool:
+    """``set --replace``: the user asked for the whole configuration anew."""
+    return bool(getattr(args, "replace", False))
 
 
 def run_unset(args: argparse.Namespace, ctx: MagicContext) -> Any:
@@ -171,9 +194,13 @@ def _report_staged(session: Session, staged: AllocConf) -> None:
     if state.phase is Phase.NOT_IMPORTED:
         variable = variable_to_write(state.version, state.env.set_vars)
         result = session.last_apply
-        print(f"{result.variable if result else variable}={staged.to_string()!r} "
-              "set in the environment: torch will read it when CUDA starts "
-              "(%allocconf apply also saves it for kernel restarts).")
+        name = result.variable if result else variable
+        if staged.to_string():
+            print(f"{name}={staged.to_string()!r} set in the environment: torch will read it "
+                  "when CUDA starts (%allocconf apply also saves it for kernel restarts).")
+        else:  # every option unset: the variable is removed, not set to ''
+            print(f"{name} removed from the environment: torch's defaults apply when CUDA starts "
+                  "(%allocconf apply also saves that for kernel restarts).")
     else:
         # the plans say what apply *would* do: "applied now" read as done (a GPU test believed it)
         print(f"Staged, not applied yet: {staged.to_string() or '(torch defaults)'}")
@@ -195,6 +222,9 @@ def _print_warnings(conf: Any) -> None:
 
 
 def run_apply(args: argparse.Namespace, ctx: MagicContext) -> Any:
+    if args.no_save and getattr(args, "global_", False):  # --global was silently ignored
+        raise AllocConfError("--no-save and --global contradict each other (--global says where "
+                             "to save)", fix="drop one: %allocconf apply --global saves the global default")
     scope: persist.Scope | None = None if args.no_save else "global" if getattr(args, "global_", False) \
         else "project"
     outcome = ctx.session.apply(save=scope)
@@ -205,13 +235,20 @@ def run_apply(args: argparse.Namespace, ctx: MagicContext) -> Any:
 
 def run_reset(args: argparse.Namespace, ctx: MagicContext) -> Any:
     staged = ctx.session.stage(parse_conf("", ctx.session.state().version, warn=False))
-    print("Staged torch's defaults (every option unset).")
     if args.apply:
+        print("Staged torch's defaults (every option unset).")
         return run_apply(argparse.Namespace(no_save=False, global_=False), ctx)
+    # before torch is imported staging writes the environment (as set does): said as set says it,
+    # not as "staged" (discard cannot take back what is already in the environment)
+    _report_staged(ctx.session, staged)
     return staged
 
 
 def run_discard(_args: argparse.Namespace, ctx: MagicContext) -> None:
+    if not ctx.session.has_staged_changes:  # "dropped" read as undone; nothing was
+        print("Nothing staged to drop: the settings in effect stay (before torch is imported, set "
+              "and reset write the environment at once; %allocconf show says what is in effect).")
+        return
     ctx.session.discard()
     print("Staged changes dropped.")
 
@@ -260,6 +297,20 @@ def run_restart(_args: argparse.Namespace, ctx: MagicContext) -> Any:
 
 
 # ---------------------------------------------------------------- extension load
+def say_settings_kept(print_to: IO[str] = sys.stdout) -> None:
+    """The extension loaded again in a kernel where it re-applied the saved settings already:
+    what the user set since stays, and one line says so. Never raises."""
+    try:
+        from allocconf_widget.adapters.runtime_state import detect_state
+
+        exported = _env_text(dict(detect_state().env.set_vars))
+    except Exception:  # a broken environment must not stop the extension loading
+        exported = ""
+    now = f"{exported} stays in effect" if exported else "torch's defaults stay in effect"
+    print(f"allocconf_widget: loaded again in this kernel; {now} (saved settings are re-applied "
+          "only when a new kernel loads it; %allocconf show for details).", file=print_to)
+
+
 def restore_saved_settings(print_to: IO[str] = sys.stdout, session: Any = None) -> Any:
     """Re-apply saved settings in a fresh kernel, before torch touches CUDA; one line of output.
 
@@ -273,8 +324,19 @@ def restore_saved_settings(print_to: IO[str] = sys.stdout, session: Any = None) 
         return None
 
 
+#: the most of a variable's value a line quotes: a 110 KB variable made a 110 KB "one line"
+_SHOWN_VALUE_CHARS = 300
+
+
 def _env_text(set_vars: dict[str, str]) -> str:
-    return ", ".join(f"{name}={value!r}" for name, value in set_vars.items())
+    return ", ".join(f"{name}={_shown_value(value)}" for name, value in set_vars.items())
+
+
+def _shown_value(value: str) -> str:
+    """``repr`` of a variable's value, cut to :data:`_SHOWN_VALUE_CHARS` with the rest counted."""
+    if len(value) <= _SHOWN_VALUE_CHARS:
+        return repr(value)
+    return f"{value[:_SHOWN_VALUE_CHARS]!r}… ({len(value) - _SHOWN_VALUE_CHARS:,} more characters)"
 
 
 def _restore(print_to: IO[str], session: Any) -> Any:
@@ -297,6 +359,9 @@ def _restore(print_to: IO[str], session: Any) -> Any:
         why = f"{'; '.join(problems)}; " if problems else ""
         now = (f"{exported} from the environment applies" if before
                else "torch's defaults apply")
+        if state.env.problems:  # "applies" alone read as fine; torch refuses it at CUDA's start
+            first = state.env.problems[0]
+            now += f", but it is not valid: {printable(getattr(first, 'message', str(first)), 300)}"
         say(f"{why}no saved settings ({_looked_in()}); {now}.")
         return None
     exported_valid = bool(before) and not state.env.problems

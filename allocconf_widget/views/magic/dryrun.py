@@ -72,17 +72,18 @@ def _run_cell(ctx: MagicContext, cell: str, gpu: Any, rules: bool) -> Any:
 
 def check_save_target(path: str, *, sidecar: bool = False) -> None:
     """Refuse a ``--save`` path before a cell runs (an empty name, a missing folder, a FIFO);
-    ``sidecar``: the dry run's JSON beside it too."""
+    ``sidecar``: the dry run's JSON beside it too (never over a file of the user's own)."""
     from pathlib import Path
 
     from allocconf_widget.core.untrusted import NotRegularFileError, check_write_target
 
     try:
-        check_write_target(path)
         if sidecar:
-            from allocconf_widget.app.dryrun import sidecar_path
+            from allocconf_widget.app.dryrun import check_save_targets
 
-            check_write_target(sidecar_path(Path(path)))
+            check_save_targets(Path(path))
+        else:
+            check_write_target(path)
     except NotRegularFileError as exc:
         raise AllocConfError(f"--save: {exc}") from None
 
@@ -110,9 +111,34 @@ def run_dryrun(args: argparse.Namespace, ctx: MagicContext) -> Any:
         best = result.predict("")
     print(f"Predicted with the settings this kernel applies: {best.describe()}.")
     if saved is not None:
-        print(f"Saved the dry-run snapshot to {saved} (allocconf simulate {saved}).")
+        from allocconf_widget.app.dryrun import sidecar_path
+
+        print(f"Saved the dry-run snapshot to {saved}, and the GPU and torch it predicts for to "
+              f"{sidecar_path(saved)} (allocconf simulate {saved}).")
     print("Next: %allocconf simulate (ranks settings on this estimate), or %allocconf plan VAR SIZES.")
     return result
+
+
+def _check_plan_variable(var: str, code: Any) -> None:
+    """Refuse a name the dry-run cell never reads: plan sets it before each run, so a typo
+    (``BATHC`` for ``BATCH``) ran the same step at every size, and the table called the
+    largest size "predicted to fit". Functions the cell calls read the user's own globals,
+    not the copy plan sets, so the cell itself must read the name."""
+    import keyword
+
+    if not var.isidentifier() or keyword.iskeyword(var):
+        raise AllocConfError(f"{printable(var, 60)!r} is not a variable name: give the name the "
+                             "dry-run cell reads the batch size from, e.g. %allocconf plan BATCH 8 16 32")
+    names: set[str] = set()
+    pending = [code]
+    while pending:
+        unit = pending.pop()
+        names.update(unit.co_names, unit.co_varnames, unit.co_freevars, unit.co_cellvars)
+        pending.extend(c for c in unit.co_consts if hasattr(c, "co_names"))
+    if var not in names:
+        raise AllocConfError(f"the dry-run cell never reads {var}, so every size would run the same "
+                             "step: give the variable the cell itself uses for the batch size "
+                             "(plan sets it before each run)")
 
 
 def run_plan(args: argparse.Namespace, ctx: MagicContext) -> Any:
@@ -124,6 +150,7 @@ def run_plan(args: argparse.Namespace, ctx: MagicContext) -> Any:
         raise RuntimeStateError("no dry-run cell yet: run a cell with %%allocconf dryrun first; "
                                 "plan re-runs it with each batch size")
     cell = saved.code
+    _check_plan_variable(args.var, _compiled(ctx.shell, cell))
 
     def prepare(size: int) -> dict[str, Any]:  # outside the dry run: real copies (plan_batch)
         ns = _namespace_copy(ctx.shell)

@@ -91,6 +91,12 @@ def _magics_class() -> Any:
                 raise UsageError(str(exc)) from None
             except UsageError:  # a handler's own message
                 raise
+            except KeyboardInterrupt:
+                # the kernel's interrupt during a long what-if: one line, as the CLI says it, not
+                # a dozen frames of ours; a cell magic runs the user's code and keeps its traceback
+                if getattr(args, "takes_cell", False):
+                    raise
+                raise UsageError(f"%allocconf {args.command or ''} interrupted") from None
             except Exception as exc:
                 # a cell magic runs the user's code: its own errors keep their traceback;
                 # anything else is input nobody foresaw (a file), said as the CLI says it
@@ -111,6 +117,12 @@ def one_line(text: str) -> str:
                    else f"\\u{ord(c):04x}" for c in text.rstrip("\n"))
 
 
+#: ``"loaded_before"``: the saved settings were re-applied when this kernel first loaded the
+#: extension; a second load (``%reload_ext``, or ``%unload_ext`` then ``%load_ext``) re-applied
+#: them over what the user had set since, and called that "exported before the kernel started"
+LOAD_STATE = {"loaded_before": False}
+
+
 def load_extension(ipython: Any) -> None:
     """``%load_ext allocconf_widget``: register the magic, re-apply saved settings, hook OOMs."""
     from allocconf_widget.app.session import get_session
@@ -118,7 +130,11 @@ def load_extension(ipython: Any) -> None:
     ipython.register_magics(_magics_class())
     register_completer(ipython, build_parser)
     line = io.StringIO()
-    magic_core.restore_saved_settings(print_to=line, session=get_session(ipython))
+    if LOAD_STATE["loaded_before"]:
+        magic_core.say_settings_kept(print_to=line)
+    else:
+        magic_core.restore_saved_settings(print_to=line, session=get_session(ipython))
+    LOAD_STATE["loaded_before"] = True
     if line.getvalue():
         print(one_line(line.getvalue()), file=sys.stdout)
     try:
@@ -146,4 +162,10 @@ def unload_extension(ipython: Any) -> None:
         pass
     else:
         stop_monitor()
+    try:
+        from allocconf_widget.app.flight import turn_off
+    except ImportError:
+        pass
+    else:
+        turn_off()  # its import watcher stayed in sys.meta_path with no magic left to stop it
     drop_session(ipython)

@@ -295,7 +295,10 @@ def _print_text_panel(session: Session) -> None:
     print(model.state.describe())
     for problem in model.state.env.problems:
         print(f"  problem: {problem}")
-    print(f"{status.variable}={status.text!r}")
+    # as the widget panel says it: a draft's line is what Apply would write, not what is in effect
+    line = (f"{status.variable}={status.text!r}" if status.text
+            else f"{status.variable} unset (torch's defaults)")
+    print(f"{line} (after Apply)" if status.has_changes and not status.error else line)
     prediction = predict_staged(session)
     for line in prediction.lines() if prediction is not None else [NOTHING_YET]:
         print(line)
