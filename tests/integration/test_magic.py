@@ -226,6 +226,14 @@ def test_hostile_set_lines_are_usage_errors_and_change_nothing(ip, capsys, line,
     assert dict(os.environ) == env
 
 
+@pytest.mark.parametrize("prefix", ["%env", "export"])
+def test_a_pasted_env_or_export_line_sets_its_value(ip, capsys, prefix):
+    """``set %env PYTORCH_CUDA_ALLOC_CONF=…`` (a line pasted from a blog post) suggested
+    "write %env=<value>"; the leading word is dropped as the variable's name is."""
+    staged, out = magic(ip, f"set {prefix} PYTORCH_CUDA_ALLOC_CONF={OPT}", capsys)
+    assert staged.to_string() == OPT and "dropped the variable name PYTORCH_CUDA_ALLOC_CONF=" in out, out
+
+
 def test_an_option_given_twice_is_said_not_silently_resolved(ip, capsys):
     """In one string torch takes the last value (a warning says so); as two ``k=v`` words it is
     a slip, refused with nothing changed."""

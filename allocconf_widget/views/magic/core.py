@@ -146,6 +146,8 @@ def run_set(args: argparse.Namespace, ctx: MagicContext) -> Any:
 
     session = ctx.session
     items = list(args.settings)
+    if len(items) > 1 and items[0] in ("%env", "export"):  # a whole line pasted from a blog post
+        items = items[1:]  # its NAME=value part is handled below as a pasted variable
     state = session.state()
     invalid = _env_text(dict(state.env.set_vars)) if state.env.problems and not replace_all(args) else ""
     pasted, value = strip_variable_prefix(" ".join(items))
