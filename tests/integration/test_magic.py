@@ -382,6 +382,24 @@ def test_an_invalid_exported_variable_is_called_invalid_at_load_and_when_set_dro
     assert not any(line.startswith("note:") for line in rest), rest  # said once: the variable is valid now
 
 
+def test_two_valid_variables_are_not_called_invalid(tmp_path):
+    """Only a value torch would reject is "not valid": two valid variables (one shadowing the
+    other) draw neither the load line's warning nor the note of a dropped value."""
+    code = textwrap.dedent("""
+        from IPython.testing.globalipapp import start_ipython
+        ip = start_ipython()
+        ip.run_line_magic("load_ext", "allocconf_widget")
+        ip.run_line_magic("allocconf", "set garbage_collection_threshold=0.5")
+    """)
+    env = {k: v for k, v in os.environ.items() if "ALLOC_CONF" not in k}
+    env.update(XDG_CONFIG_HOME=str(tmp_path), PYTORCH_CUDA_ALLOC_CONF="max_split_size_mb:128",
+               PYTORCH_ALLOC_CONF="max_split_size_mb:256")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          check=False, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "not valid" not in done.stdout and "note:" not in done.stdout, done.stdout
+
+
 def test_set_before_import_torch_just_works_in_a_fresh_interpreter(tmp_path):
     second, canonical = (
         (OPT_SET, f"{OPT},max_split_size_mb:256") if OPT_NAME != "max_split_size_mb"

@@ -149,7 +149,9 @@ def run_set(args: argparse.Namespace, ctx: MagicContext) -> Any:
     if len(items) > 1 and items[0] in ("%env", "export"):  # a whole line pasted from a blog post
         items = items[1:]  # its NAME=value part is handled below as a pasted variable
     state = session.state()
-    invalid = _env_text(dict(state.env.set_vars)) if state.env.problems and not replace_all(args) else ""
+    invalid = "" if replace_all(args) else _env_text(
+        {p.variable: state.env.set_vars[p.variable] for p in state.env.problems
+         if p.code == "invalid" and p.variable in state.env.set_vars})
     pasted, value = strip_variable_prefix(" ".join(items))
     replace = args.replace
     before = session.staged().to_string() if pasted is not None else ""
@@ -361,9 +363,9 @@ def _restore(print_to: IO[str], session: Any) -> Any:
         why = f"{'; '.join(problems)}; " if problems else ""
         now = (f"{exported} from the environment applies" if before
                else "torch's defaults apply")
-        if state.env.problems:  # "applies" alone read as fine; torch refuses it at CUDA's start
-            first = state.env.problems[0]
-            now += f", but it is not valid: {printable(getattr(first, 'message', str(first)), 300)}"
+        invalid = [p for p in state.env.problems if p.code == "invalid"]
+        if invalid:  # "applies" alone read as fine; torch refuses it at CUDA's start
+            now += f", but it is not valid: {printable(invalid[0].message, 300)}"
         say(f"{why}no saved settings ({_looked_in()}); {now}.")
         return None
     exported_valid = bool(before) and not state.env.problems
