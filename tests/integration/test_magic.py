@@ -239,8 +239,8 @@ def test_an_option_given_twice_is_said_not_silently_resolved(ip, capsys):
     a slip, refused with nothing changed."""
     from allocconf_widget.app.session import get_session
 
-    _, out = magic(ip, "set expandable_segments:True,max_split_size_mb:512,expandable_segments:False", capsys)
-    assert "warning: expandable_segments is given twice" in out and "torch uses the last one" in out, out
+    _, out = magic(ip, "set max_split_size_mb:512,roundup_power2_divisions:4,max_split_size_mb:256", capsys)
+    assert "warning: max_split_size_mb is given twice" in out and "torch uses the last one" in out, out
     before = get_session(ip).staged()
     with pytest.raises(UsageError, match=r"max_split_size_mb is given twice \(128 and 1024\)"):
         ip.run_line_magic("allocconf", "set max_split_size_mb=128 max_split_size_mb=1024")
@@ -302,7 +302,7 @@ def test_reloading_the_extension_keeps_what_was_set_and_unloading_disarms_the_re
         from IPython.testing.globalipapp import start_ipython
         ip = start_ipython()
         ip.run_line_magic("load_ext", "allocconf_widget")
-        ip.run_line_magic("allocconf", "set expandable_segments=True")
+        ip.run_line_magic("allocconf", "set roundup_power2_divisions=4")
         ip.run_line_magic("allocconf", "apply")
         ip.run_line_magic("allocconf", "set garbage_collection_threshold=0.6")
         before = {k: v for k, v in os.environ.items() if k.endswith("ALLOC_CONF")}
@@ -337,7 +337,7 @@ def test_reset_before_import_torch_says_it_removed_the_variable_and_discard_clai
         from IPython.testing.globalipapp import start_ipython
         ip = start_ipython()
         ip.run_line_magic("load_ext", "allocconf_widget")
-        ip.run_line_magic("allocconf", "set expandable_segments=True")
+        ip.run_line_magic("allocconf", "set roundup_power2_divisions=4")
         print("<<<")
         ip.run_line_magic("allocconf", "reset")
         print("ENV", sorted(k for k in os.environ if k.endswith("ALLOC_CONF")))
@@ -366,7 +366,7 @@ def test_an_invalid_exported_variable_is_called_invalid_at_load_and_when_set_dro
         from IPython.testing.globalipapp import start_ipython
         ip = start_ipython()
         ip.run_line_magic("load_ext", "allocconf_widget")
-        ip.run_line_magic("allocconf", "set expandable_segments=True")
+        ip.run_line_magic("allocconf", "set roundup_power2_divisions=4")
         ip.run_line_magic("allocconf", "set garbage_collection_threshold=0.5")
     """)
     env = {k: v for k, v in os.environ.items() if "ALLOC_CONF" not in k}
