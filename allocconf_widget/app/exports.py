@@ -134,7 +134,12 @@ def _reserve(folder: Path, kind: str, suffix: str) -> Path:
     Names have one-second resolution; a second export of the same kind within that second
     gets ``-2``, ``-3``… instead of overwriting the first.
     """
+    from allocconf_widget.core.untrusted import check_write_target
+
     stem = default_name(kind, "")
+    # the folder's checks before the name is created: an export "into" /dev left an empty
+    # reserved file there, then the writer refused the folder and said nothing was written
+    check_write_target(folder / f"{stem}{suffix}")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     for n in range(1, 10_000):
         target = folder / f"{stem}{'' if n == 1 else f'-{n}'}{suffix}"

@@ -169,6 +169,32 @@ def test_a_link_to_a_pipe_a_folder_or_a_system_file_is_refused_and_left(tmp_path
         check_write_target("/dev/shm/step.pickle")  # a tmpfs below /dev is a user's folder
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's /dev")
+def test_an_export_into_a_system_folder_creates_nothing_there(tmp_path, monkeypatch):
+    """An export given a folder reserves its name there first; given ``/dev`` (or a link to it)
+    it left an empty reserved file in ``/dev`` and then said "nothing was written". Every
+    create is intercepted here, so this test cannot write into ``/dev`` even if it fails."""
+    from allocconf_widget.core.untrusted import NotRegularFileError
+
+    created: list[str] = []
+    real_open = os.open
+
+    def intercepted(path, flags, *args, **kwargs):
+        folder = os.path.realpath(Path(os.fspath(path)).parent)
+        if flags & os.O_CREAT and (folder == "/dev" or folder.startswith(("/proc", "/sys"))):
+            created.append(os.fspath(path))
+            return real_open(tmp_path / "stand-in", flags, *args, **kwargs)
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", intercepted)
+    link = tmp_path / "devices"
+    link.symlink_to("/dev")
+    for folder in (link, Path("/dev")):
+        with pytest.raises(NotRegularFileError, match="system's devices or processes"):
+            exports.write_timeline_csv(_timeline(), folder)
+    assert created == []
+
+
 def test_two_flight_exports_in_one_second_keep_both(tmp_path, monkeypatch):
     """The OOM card's viewer export twice in a row: the second gets ``-2``, the first stays."""
     from allocconf_widget.app.flight import export_for_viewer, load_demo_oom

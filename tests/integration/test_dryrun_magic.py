@@ -444,6 +444,19 @@ def test_ctrl_c_as_a_fake_op_enters_its_kernel_leaves_torch_usable(ip, monkeypat
     torch_works()
 
 
+def test_ctrl_c_during_the_prediction_after_the_cell_says_one_line(ip, monkeypatch):
+    """The prediction after the cell replays the trace (seconds on a long step): a Ctrl-C there
+    showed our frames; the user's own cell keeps its traceback (the test above)."""
+    from allocconf_widget.app.dryrun import DryRunResult
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(DryRunResult, "predict", interrupted)
+    with pytest.raises(UsageError, match=r"^%%allocconf dryrun interrupted after your cell ran$"):
+        ip.run_cell_magic("allocconf", "dryrun", CELL)
+
+
 def test_a_bad_save_path_is_said_before_the_cell_runs_and_keeps_the_dry_run(ip, capsys, tmp_path):
     from allocconf_widget.app.session import get_session
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import os
 import pickle
 from collections.abc import Iterable, Mapping
@@ -251,6 +252,15 @@ def _check_block(block: object, where: str) -> None:
         raise _shape_error(where, "has no integer 'size'")
     if not isinstance(block.get("state"), str):
         raise _shape_error(where, "has no 'state' string")
+    if block["state"] not in BLOCK_STATES:  # another state was counted as active
+        raise _shape_error(where, f"has the state {printable(repr(block['state']), 60)}; torch writes "
+                           f"one of {', '.join(BLOCK_STATES)}")
+
+
+#: the block states torch writes (1.13 to 2.11 alike); anything else was read as active
+BLOCK_STATES = ("active_allocated", "active_pending_free", "inactive")
+#: the pools a segment belongs to
+SEGMENT_TYPES = ("large", "small")
 
 
 def _is_int_pair(value: object) -> bool:
@@ -272,17 +282,52 @@ def _check_segment(segment: object, index: int) -> None:
         raise _shape_error(where, "has no 'blocks' list")
     if not isinstance(segment.get("device", 0), int):
         raise _shape_error(where, "has a 'device' that is not an integer")
+    if segment.get("device", 0) < 0:
+        raise _shape_error(where, f"has the device {segment['device']}; GPU indices start at 0")
+    if "segment_type" in segment and segment["segment_type"] not in SEGMENT_TYPES:
+        raise _shape_error(where, f"has the segment_type {printable(repr(segment['segment_type']), 60)}; "
+                           "torch writes 'large' or 'small'")
     pool = segment.get("segment_pool_id", (0, 0))
     if not _is_int_pair(pool):
         raise _shape_error(where, f"has a 'segment_pool_id' that is not a pair of integers: "
                            f"{short_repr(pool)}")
     for block_index, block in enumerate(blocks):
         _check_block(block, f"block {block_index} of {where}")
+    if segment["total_size"] < 0 or any(block["size"] < 0 for block in blocks):
+        return  # a negative size: the field checks name that field (snapshot_fields)
     held = sum(block["size"] for block in blocks)
-    if held > segment["total_size"]:  # every figure read from it would be impossible
-        raise _shape_error(where, f"has blocks adding up to {format_bytes(held)}, more than its "
-                           f"total_size of {format_bytes(segment['total_size'])} (a segment's "
-                           "blocks lie inside it)")
+    # torch adds the segment's total_size up from its blocks, which follow one another from its
+    # address: more was impossible figures, less 5 GiB reserved that no block accounted for
+    if blocks and held != segment["total_size"]:
+        raise _shape_error(where, f"has blocks adding up to {format_bytes(held)}, not its "
+                           f"total_size of {format_bytes(segment['total_size'])} (torch adds the "
+                           "total up from the blocks)")
+    at = segment.get("address")
+    for block_index, block in enumerate(blocks):
+        if not isinstance(at, int) or not isinstance(block.get("address"), int) or at < 0:
+            break  # torch < 2.0 wrote no block addresses; a negative one is the field checks' to name
+        if block["address"] != at:
+            raise _shape_error(f"block {block_index} of {where}", f"starts at {block['address']:#x}, not "
+                               f"at {at:#x} where the block before it ends (a segment's blocks "
+                               "follow one another)")
+        at += block["size"]
+
+
+def _check_segments_apart(segments: list[Any]) -> None:
+    """No two segments of one device share memory: a segment listed twice counted its memory
+    twice (11.84 GiB reserved for 10.69)."""
+    spans: dict[int, list[tuple[int, int, int]]] = {}
+    for index, segment in enumerate(segments):
+        address = segment.get("address")
+        if isinstance(address, int):
+            spans.setdefault(segment.get("device", 0), []).append(
+                (address, address + segment["total_size"], index))
+    for listed in spans.values():
+        listed.sort()
+        for (_, end, first), (start, _, second) in itertools.pairwise(listed):
+            if start < end:
+                raise _shape_error(f"segment {second}", f"overlaps segment {first} (each byte of "
+                                   "the device belongs to one segment at most)")
 
 
 def _as_snapshot(obj: object) -> Snapshot:
@@ -299,6 +344,7 @@ def _as_snapshot(obj: object) -> Snapshot:
         raise _shape_error("the pickle", "has no 'segments' list")
     for index, segment in enumerate(obj["segments"]):
         _check_segment(segment, index)
+    _check_segments_apart(obj["segments"])
     return cast(Snapshot, obj)
 
 

@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from allocconf_widget._errors import SnapshotError
+from allocconf_widget._errors import SnapshotError, printable
 from allocconf_widget.core.gcpause import paused_gc
 from allocconf_widget.core.numbers import int_or_zero
 from allocconf_widget.core.sim.state import (
@@ -631,14 +631,18 @@ def _decode(
         seg_addrs=b.seg_addrs,
         seg_index=b.seg_index,
         ooms=tuple(b.ooms),
-        action_counts=tuple(sorted(b.counts.items(), key=lambda kv: -kv[1])),
+        # an action is the file's own string: escaped once here for every view (a crafted one
+        # carried escape sequences into the header of `allocconf simulate`)
+        action_counts=tuple(sorted(((printable(a, 60), c) for a, c in b.counts.items()),
+                                   key=lambda kv: -kv[1])),
         unknown_frees=b.unknown_frees,
         first_unknown_free=b.first_unknown,
         empty_cache_calls=b.empty_calls,
         initial_state=initial_state,
         ambiguous_releases=b.ambiguous,
         deferred_frees=b.deferred,
-        unknown_actions=tuple(sorted((a, c) for a, c in b.counts.items() if a not in _KNOWN_ACTIONS)),
+        unknown_actions=tuple(sorted((printable(a, 60), c) for a, c in b.counts.items()
+                                     if a not in _KNOWN_ACTIONS)),
     )
     return trace, list(b.live)
 

@@ -177,7 +177,7 @@ def run_set(args: argparse.Namespace, ctx: MagicContext) -> Any:
     elif invalid:  # the exported value was never merged: its options vanished without a word
         print(f"note: {invalid} was not valid, so none of it was kept; set its options again "
               "(with ':' or '=' here) if you want them")
-    _report_staged(session, staged)
+    _report_staged(session, staged, dict(state.env.set_vars))
     return staged
 
 
@@ -187,24 +187,31 @@ def replace_all(args: argparse.Namespace) -> bool:
 
 
 def run_unset(args: argparse.Namespace, ctx: MagicContext) -> Any:
+    before = dict(ctx.session.state().env.set_vars)
     staged = ctx.session.update(dict.fromkeys(args.options))
-    _report_staged(ctx.session, staged)
+    _report_staged(ctx.session, staged, before)
     return staged
 
 
-def _report_staged(session: Session, staged: AllocConf) -> None:
+def _report_staged(session: Session, staged: AllocConf, env_before: dict[str, str] | None = None) -> None:
+    """Say what staging did; ``env_before``: the variables before it, so every one it removed
+    is named (torch's defaults remove each variable torch reads, not only the one it writes)."""
     _print_warnings(staged)
     state = session.state()
     if state.phase is Phase.NOT_IMPORTED:
         variable = variable_to_write(state.version, state.env.set_vars)
         result = session.last_apply
         name = result.variable if result else variable
+        gone = [n for n in (env_before or {}) if n not in state.env.set_vars]
         if staged.to_string():
             print(f"{name}={staged.to_string()!r} set in the environment: torch will read it "
                   "when CUDA starts (%allocconf apply also saves it for kernel restarts).")
-        else:  # every option unset: the variable is removed, not set to ''
-            print(f"{name} removed from the environment: torch's defaults apply when CUDA starts "
-                  "(%allocconf apply also saves that for kernel restarts).")
+        else:  # every option unset: the variables are removed, not set to ''
+            print(f"{' and '.join(gone) or name} removed from the environment: torch's defaults "
+                  "apply when CUDA starts (%allocconf apply also saves that for kernel restarts).")
+        for problem in state.env.problems:  # another variable the user set by hand (%env) is
+            if problem.code in ("shadowed", "split", "ignored"):  # now unread, or splits the keys
+                print(f"note: {printable(problem.message, 300)}")
     else:
         # the plans say what apply *would* do: "applied now" read as done (a GPU test believed it)
         print(f"Staged, not applied yet: {staged.to_string() or '(torch defaults)'}")
@@ -238,13 +245,14 @@ def run_apply(args: argparse.Namespace, ctx: MagicContext) -> Any:
 
 
 def run_reset(args: argparse.Namespace, ctx: MagicContext) -> Any:
+    before = dict(ctx.session.state().env.set_vars)
     staged = ctx.session.stage(parse_conf("", ctx.session.state().version, warn=False))
     if args.apply:
         print("Staged torch's defaults (every option unset).")
         return run_apply(argparse.Namespace(no_save=False, global_=False), ctx)
     # before torch is imported staging writes the environment (as set does): said as set says it,
     # not as "staged" (discard cannot take back what is already in the environment)
-    _report_staged(ctx.session, staged)
+    _report_staged(ctx.session, staged, before)
     return staged
 
 
@@ -364,8 +372,11 @@ def _restore(print_to: IO[str], session: Any) -> Any:
         now = (f"{exported} from the environment applies" if before
                else "torch's defaults apply")
         invalid = [p for p in state.env.problems if p.code == "invalid"]
+        unread = [p for p in state.env.problems if p.code in ("shadowed", "split", "ignored")]
         if invalid:  # "applies" alone read as fine; torch refuses it at CUDA's start
             now += f", but it is not valid: {printable(invalid[0].message, 300)}"
+        elif unread:  # two variables "applied" while torch reads one of them
+            now += f", but {printable(unread[0].message, 300)}"
         say(f"{why}no saved settings ({_looked_in()}); {now}.")
         return None
     exported_valid = bool(before) and not state.env.problems

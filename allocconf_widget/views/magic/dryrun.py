@@ -93,7 +93,15 @@ def run_dryrun(args: argparse.Namespace, ctx: MagicContext) -> Any:
         raise RuntimeStateError("dryrun is a cell magic: start the cell with %%allocconf dryrun")
     if args.save is not None:
         check_save_target(args.save, sidecar=True)  # said before the cell runs, not after
-    result = _run_cell(ctx, ctx.cell, args.gpu, not args.raw)
+    result = _run_cell(ctx, ctx.cell, args.gpu, not args.raw)  # an interrupt here is the cell's
+    try:
+        return _after_the_cell(args, ctx, result)
+    except KeyboardInterrupt:  # in our steps (the prediction replays): one line, not our frames
+        raise RuntimeStateError("%%allocconf dryrun interrupted after your cell ran") from None
+
+
+def _after_the_cell(args: argparse.Namespace, ctx: MagicContext, result: Any) -> Any:
+    assert ctx.cell is not None  # run_dryrun refused a line magic
     result.require_allocations()  # before the session keeps it: an empty one replaces nothing
     # saved before the session keeps it: a save that fails leaves the previous dry run in place
     saved = result.save(args.save) if args.save is not None else None

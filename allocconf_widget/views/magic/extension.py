@@ -67,20 +67,23 @@ def _magics_class() -> Any:
             """Placeholder docstring, replaced by the parser's help below."""
             from allocconf_widget.app.session import get_session
 
-            parser = build_parser()
-            try:
-                words = split_args(line)
-            except ValueError as exc:
-                raise UsageError(str(exc)) from None
-            if words[:1] == ["help"]:  # `%allocconf help [SUBCOMMAND]`, as people type it
-                words = [*(w for w in words[1:2] if w != "help"), "-h"]
-            try:
-                args = parser.parse_args(words)
-            except SystemExit:  # -h/--help printed the help already
-                return None
-            except ValueError as exc:
-                raise UsageError(str(exc)) from None
-            ctx = MagicContext(self.shell, get_session(self.shell), cell)
+            try:  # a Ctrl-C while the parser is built or the session found: one line, as below
+                parser = build_parser()
+                try:
+                    words = split_args(line)
+                except ValueError as exc:
+                    raise UsageError(str(exc)) from None
+                if words[:1] == ["help"]:  # `%allocconf help [SUBCOMMAND]`, as people type it
+                    words = [*(w for w in words[1:2] if w != "help"), "-h"]
+                try:
+                    args = parser.parse_args(words)
+                except SystemExit:  # -h/--help printed the help already
+                    return None
+                except ValueError as exc:
+                    raise UsageError(str(exc)) from None
+                ctx = MagicContext(self.shell, get_session(self.shell), cell)
+            except KeyboardInterrupt:
+                raise UsageError("%allocconf interrupted") from None
             handler = getattr(args, "handler", None) or magic_core.run_panel
             if cell is not None and not getattr(args, "takes_cell", False):
                 raise UsageError(f"%%allocconf {args.command or ''} does not take a cell body; "
@@ -130,18 +133,24 @@ def load_extension(ipython: Any) -> None:
     ipython.register_magics(_magics_class())
     register_completer(ipython, build_parser)
     line = io.StringIO()
-    if LOAD_STATE["loaded_before"]:
-        magic_core.say_settings_kept(print_to=line)
-    else:
-        magic_core.restore_saved_settings(print_to=line, session=get_session(ipython))
-    LOAD_STATE["loaded_before"] = True
-    if line.getvalue():
-        print(one_line(line.getvalue()), file=sys.stdout)
     try:
-        from allocconf_widget.views.widgets.oom import install_oom_assistant
-    except ImportError:
-        return
-    install_oom_assistant(ipython)
+        if LOAD_STATE["loaded_before"]:
+            magic_core.say_settings_kept(print_to=line)
+        else:
+            magic_core.restore_saved_settings(print_to=line, session=get_session(ipython))
+        LOAD_STATE["loaded_before"] = True
+        if line.getvalue():
+            print(one_line(line.getvalue()), file=sys.stdout)
+        try:
+            from allocconf_widget.views.widgets.oom import install_oom_assistant
+        except ImportError:
+            return
+        install_oom_assistant(ipython)
+    except KeyboardInterrupt:  # IPython then counts the extension as not loaded: a second
+        from IPython.core.error import UsageError  # %load_ext runs all of this again
+
+        raise UsageError("allocconf_widget: loading was interrupted; run %load_ext "
+                         "allocconf_widget again") from None
 
 
 def unload_extension(ipython: Any) -> None:
