@@ -64,6 +64,10 @@ def _pool(s: dict[str, Any]) -> None:
     _segment(s)["segment_type"] = "medium"
 
 
+def _pool_a_big_list(s: dict[str, Any]) -> None:
+    _segment(s)["segment_type"] = list(range(1_000_000))  # quoted by its length, never by repr
+
+
 def _block_outside(s: dict[str, Any]) -> None:
     _segment(s)["blocks"][1]["address"] = 1
 
@@ -76,6 +80,7 @@ CASES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "a negative device": (_device, "GPU indices start at 0"),
     "a pool torch never writes": (_pool, "has the segment_type 'medium'"),
     "a block outside its segment": (_block_outside, "starts at 0x1, not at"),
+    "a pool that is a long list": (_pool_a_big_list, "has the segment_type a list of 1000000 items"),
 }
 
 

@@ -253,7 +253,7 @@ def _check_block(block: object, where: str) -> None:
     if not isinstance(block.get("state"), str):
         raise _shape_error(where, "has no 'state' string")
     if block["state"] not in BLOCK_STATES:  # another state was counted as active
-        raise _shape_error(where, f"has the state {printable(repr(block['state']), 60)}; torch writes "
+        raise _shape_error(where, f"has the state {short_repr(block['state'])}; torch writes "
                            f"one of {', '.join(BLOCK_STATES)}")
 
 
@@ -285,7 +285,7 @@ def _check_segment(segment: object, index: int) -> None:
     if segment.get("device", 0) < 0:
         raise _shape_error(where, f"has the device {segment['device']}; GPU indices start at 0")
     if "segment_type" in segment and segment["segment_type"] not in SEGMENT_TYPES:
-        raise _shape_error(where, f"has the segment_type {printable(repr(segment['segment_type']), 60)}; "
+        raise _shape_error(where, f"has the segment_type {short_repr(segment['segment_type'])}; "
                            "torch writes 'large' or 'small'")
     pool = segment.get("segment_pool_id", (0, 0))
     if not _is_int_pair(pool):
