@@ -164,7 +164,7 @@ def _write_env(environ: MutableMapping[str, str], variable: str, text: str,
 
 
 def _notes(state: RuntimeState, plan: tuple[OptionPlan, ...]) -> tuple[str, ...]:
-    notes = [str(p) for p in state.env.problems if p.code in ("shadowed", "split", "ignored")]
+    notes = [str(p) for p in state.env.problems if p.misread]
     if any(p.action is Action.NEEDS_RESTART for p in plan):
         notes.append("Restart the kernel to finish: the saved settings are re-applied by "
                      "%load_ext allocconf_widget in the new kernel.")

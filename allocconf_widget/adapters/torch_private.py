@@ -598,9 +598,10 @@ class TorchDefaultsRestored:
     to keep open; one that called ``torch.set_grad_enabled(False)`` left the next real training
     cell without gradients. Restored: the default device and dtype, grad mode, anomaly
     detection, deterministic algorithms, the float32 matmul precision, cuDNN's flags, and the
-    CPU random generator (a model built in the cell draws its initial weights from it), and the
-    thread's "meta" dispatch flag that fake ops set while they run, so the real run after a dry
-    run computes what it would have computed without one. None of these reads or starts CUDA.
+    CPU random generator (a model built in the cell draws its initial weights from it), so the
+    real run after a dry run computes what it would have computed without one (the thread's
+    dispatch keys, Meta included, are :func:`dispatch_keys_preserved`'s). None of these reads
+    or starts CUDA.
     """
 
     def __init__(self, torch: ModuleType) -> None:
@@ -611,14 +612,7 @@ class TorchDefaultsRestored:
     def __enter__(self) -> TorchDefaultsRestored:
         torch = self._torch
         self._device = _default_device_context(torch)
-        pairs: list[tuple[Any, Any]] = []
-        c: Any = getattr(torch, "_C", None)
-        if hasattr(c, "_meta_in_tls_dispatch_include") and hasattr(c, "_set_meta_in_tls_dispatch_include"):
-            # first back: a Ctrl-C landing as a fake op enters its kernel (torch's
-            # in_kernel_invocation_manager sets it before its ``try``) left it on, and every
-            # later CPU op recursed until the kernel restarted
-            pairs.append((c._meta_in_tls_dispatch_include, c._set_meta_in_tls_dispatch_include))
-        pairs += [
+        pairs: list[tuple[Any, Any]] = [
             (torch.get_default_dtype, torch.set_default_dtype),
             (torch.is_grad_enabled, torch.set_grad_enabled),
             (torch.is_anomaly_enabled, torch.set_anomaly_enabled),

@@ -63,6 +63,13 @@ class EnvProblem:
     def __str__(self) -> str:
         return self.message
 
+    @property
+    def misread(self) -> bool:
+        """A variable torch does not read as written: shadowed by another, split with another
+        (each half of the keys from one), or ignored by this release. Said beside every line
+        that reports what the environment holds."""
+        return self.code in ("shadowed", "split", "ignored")
+
 
 @dataclass(frozen=True)
 class EnvReport:

@@ -58,19 +58,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
-    except KeyboardInterrupt:
-        print("allocconf: interrupted", file=sys.stderr)
-        return INTERRUPTED
-    handler = getattr(args, "handler", None)
-    if handler is None:
-        parser.print_help()
-        return 2
-    try:
+        handler = getattr(args, "handler", None)
+        if handler is None:
+            parser.print_help()
+            return 2
         return int(handler(args))
     except BrokenPipeError:  # `allocconf options | head`
         return 0
     except KeyboardInterrupt:
-        print(f"{parser.prog}: interrupted", file=sys.stderr)
+        print("allocconf: interrupted", file=sys.stderr)
         return INTERRUPTED
     except (AllocConfError, SnapshotError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -149,7 +149,7 @@ def run_set(args: argparse.Namespace, ctx: MagicContext) -> Any:
     if len(items) > 1 and items[0] in ("%env", "export"):  # a whole line pasted from a blog post
         items = items[1:]  # its NAME=value part is handled below as a pasted variable
     state = session.state()
-    invalid = "" if replace_all(args) else _env_text(
+    invalid = "" if args.replace else _env_text(
         {p.variable: state.env.set_vars[p.variable] for p in state.env.problems
          if p.code == "invalid" and p.variable in state.env.set_vars})
     pasted, value = strip_variable_prefix(" ".join(items))
@@ -181,11 +181,6 @@ def run_set(args: argparse.Namespace, ctx: MagicContext) -> Any:
     return staged
 
 
-def replace_all(args: argparse.Namespace) -> bool:
-    """``set --replace``: the user asked for the whole configuration anew."""
-    return bool(getattr(args, "replace", False))
-
-
 def run_unset(args: argparse.Namespace, ctx: MagicContext) -> Any:
     before = dict(ctx.session.state().env.set_vars)
     staged = ctx.session.update(dict.fromkeys(args.options))
@@ -210,7 +205,7 @@ def _report_staged(session: Session, staged: AllocConf, env_before: dict[str, st
             print(f"{' and '.join(gone) or name} removed from the environment: torch's defaults "
                   "apply when CUDA starts (%allocconf apply also saves that for kernel restarts).")
         for problem in state.env.problems:  # another variable the user set by hand (%env) is
-            if problem.code in ("shadowed", "split", "ignored"):  # now unread, or splits the keys
+            if problem.misread:  # now unread, or splits the keys
                 print(f"note: {printable(problem.message, 300)}")
     else:
         # the plans say what apply *would* do: "applied now" read as done (a GPU test believed it)
@@ -372,7 +367,7 @@ def _restore(print_to: IO[str], session: Any) -> Any:
         now = (f"{exported} from the environment applies" if before
                else "torch's defaults apply")
         invalid = [p for p in state.env.problems if p.code == "invalid"]
-        unread = [p for p in state.env.problems if p.code in ("shadowed", "split", "ignored")]
+        unread = [p for p in state.env.problems if p.misread]
         if invalid:  # "applies" alone read as fine; torch refuses it at CUDA's start
             now += f", but it is not valid: {printable(invalid[0].message, 300)}"
         elif unread:  # two variables "applied" while torch reads one of them
