@@ -45,12 +45,12 @@ class TraceSource:
     #: the memory fraction in force when the run was recorded; a request's own fraction wins
     fraction: float | None = None
     #: ``snapshot``'s trace for ``device`` where it is decoded already (a dry run's, which its
-    #: predictions share): the what-if does not decode it again
+    #: predictions share; a file's, decoded beside the load's checks): not decoded again
     decoded: Trace | None = field(default=None, compare=False, repr=False)
 
     def trace(self) -> Trace:
         """The decoded trace of ``device`` (decoded now, unless the load did it already)."""
-        if self.decoded is not None:
+        if self.decoded is not None and self.device in (None, self.decoded.device):
             return self.decoded
         from allocconf_widget.core.sim.trace import extract_trace
 
@@ -69,10 +69,13 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
         SnapshotError: the file cannot be read safely or is not a snapshot.
     """
     from allocconf_widget.core.memory.recording import read_sidecar
-    from allocconf_widget.core.memory.snapshot import load_snapshot
+    from allocconf_widget.core.memory.snapshot import load_snapshot_deriving
+    from allocconf_widget.core.sim.trace import extract_trace, read_pickled_trace
     from allocconf_widget.core.units import format_bytes
 
-    snapshot = load_snapshot(path)
+    # decoded in a child beside the checks (every caller replays it next); None: decoded later
+    loaded = load_snapshot_deriving(path, lambda snap: extract_trace(snap, device), read_pickled_trace)
+    snapshot = loaded.snapshot
     notes: list[str] = []
     sidecar = read_sidecar(path) if device_total is None or torch_version is None else None
     known = sidecar.facts if sidecar is not None else None
@@ -106,7 +109,7 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
         label = f"{label} (a {LABEL}{on})"
         notes.extend(GAPS)
     return TraceSource(snapshot, label, torch_version, device_total, non_pytorch_bytes, device,
-                       tuple(notes), fraction=fraction)
+                       tuple(notes), fraction=fraction, decoded=loaded.derived)
 
 
 @dataclass(frozen=True)

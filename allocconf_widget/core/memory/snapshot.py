@@ -18,9 +18,10 @@ import io
 import itertools
 import os
 import pickle
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, TypedDict, cast
+from typing import IO, Any, Generic, TypedDict, TypeVar, cast
 
 from allocconf_widget._errors import SnapshotError, printable
 from allocconf_widget.core.gcpause import paused_gc
@@ -36,6 +37,8 @@ from allocconf_widget.core.untrusted import (
     replace_file_atomically,
     too_large,
 )
+
+T = TypeVar("T")
 
 ACTIVE_ALLOCATED = "active_allocated"
 """Block state: handed out to a tensor."""
@@ -362,6 +365,33 @@ def load_snapshot(source: str | os.PathLike[str] | bytes | IO[bytes]) -> Snapsho
             pickle, holding objects other than plain data, or not shaped like a
             snapshot. The message says what is wrong and how to get a good file.
     """
+    return _load(source, None, None).snapshot
+
+
+@dataclass(frozen=True)
+class DerivedLoad(Generic[T]):
+    """A loaded snapshot and what the caller's ``derive`` made of it (None: derive it now)."""
+
+    snapshot: Snapshot
+    derived: T | None
+
+
+def load_snapshot_deriving(source: str | os.PathLike[str] | bytes | IO[bytes],
+                           derive: Callable[[Snapshot], T],
+                           read_derived: Callable[[bytes], T]) -> DerivedLoad[T]:
+    """:func:`load_snapshot`, and ``derive`` of the snapshot computed beside its checks.
+
+    The what-if decodes every file it loads: the decode runs in a child process while the
+    checks run in another (``unpickle_guard.load_checked``), and its pickled result, read by
+    ``read_derived`` (a restricted unpickler), is kept only for a file that passed them.
+    ``derived`` is None where that could not be done (a file over 64 MiB, no fork, the decode
+    failed): the caller derives it itself and meets any error there, worded as always.
+    """
+    return _load(source, derive, read_derived)
+
+
+def _load(source: str | os.PathLike[str] | bytes | IO[bytes], derive: Callable[[Snapshot], T] | None,
+          read_derived: Callable[[bytes], T] | None) -> DerivedLoad[T]:
     what = _describe(source)
     limits = LoadLimits.from_env()
     data = _read_bytes(source, limits.max_bytes)
@@ -378,11 +408,13 @@ def load_snapshot(source: str | os.PathLike[str] | bytes | IO[bytes]) -> Snapsho
         check_structure(obj, what, limits)
         check_fields(_as_snapshot(obj))
 
+    derive_raw = None if derive is None else (lambda obj: derive(_as_snapshot(obj)))
     with paused_gc():  # millions of plain dicts, no cycles (core/gcpause.py)
         # in a forked child first: some pickles crash or exhaust the unpickler itself
-        obj = load_checked(data, what, lambda raw: _unpickle(raw, what), check)
+        loaded = load_checked(data, what, lambda raw: _unpickle(raw, what), check,
+                              derive=derive_raw, read_derived=read_derived)
         del data
-        return _as_snapshot(obj)
+        return DerivedLoad(_as_snapshot(loaded.obj), cast("T | None", loaded.derived))
 
 
 def large_snapshot_note(size_bytes: int) -> str | None:

@@ -181,20 +181,20 @@ def _entries(trace: list[Any], device: int) -> None:
     for i, entry in enumerate(trace):
         if type(entry) is dict:
             get = entry.get
-            addr = get("addr", 0)
-            size = get("size", 0)
+            # action, addr and size are required (an OOM entry's addr aside): a missing one
+            # reads None here and fails its type, and the generic checks word it
+            addr = get("addr")
+            size = get("size")
             stream = get("stream", 0)
             stamp = get("time_us", 0)
             free = get("device_free", 0)
-            if (type(get("action", "")) is str and type(addr) is int and 0 <= addr < u64
+            if (type(get("action")) is str and type(addr) is int and 0 <= addr < u64
                     and type(size) is int and 0 <= size < i64
                     and type(stream) is int and -i64 <= stream < u64
                     and type(free) is int and 0 <= free < i64
                     and ((type(stamp) is int and -u64 < stamp < u64)
                          or (type(stamp) is float and math.isfinite(stamp)))
-                    and type(get("frames", _NO_FRAMES)) is list
-                    and "action" in entry and "size" in entry
-                    and ("addr" in entry or entry["action"] == "oom")):
+                    and type(get("frames", _NO_FRAMES)) is list):
                 continue
         where = f"device_traces[{device}][{i}]"
         _fields(entry, where, _ENTRY)

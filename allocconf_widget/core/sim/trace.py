@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from array import array
+from array import _array_reconstructor, array  # type: ignore[attr-defined]
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
@@ -46,6 +46,8 @@ from allocconf_widget.core.sim.state import (
     RECORDED,
     AllocatorState,
     ReconstructionError,
+    StateBlock,
+    StateSegment,
     pool_id_of_entry,
     reconstruct_initial_state,
     start_state_evidence,
@@ -317,6 +319,39 @@ def _extract_all(snapshot: Mapping[str, Any], device: int | None,
     from allocconf_widget.core.sim.limits import read_fraction_changes, with_fraction_changes
 
     return with_fraction_changes(trace, read_fraction_changes(snapshot))
+
+
+def read_pickled_trace(payload: bytes) -> Trace:
+    """A :class:`Trace` pickled by the decoding child of ``load_snapshot_deriving``.
+
+    It is our own process's output, yet it was made from bytes nobody vouched for, so it is
+    read as the snapshot is: by an unpickler that builds only the classes a decoded trace is
+    made of (and ``array``'s own reconstructor) and refuses any other global.
+
+    Raises:
+        pickle.UnpicklingError: another global, or not a trace.
+    """
+    import io
+    import pickle
+
+    allowed: dict[tuple[str, str], object] = {
+        ("array", "_array_reconstructor"): _array_reconstructor,
+        ("array", "array"): array,
+        **{(cls.__module__, cls.__qualname__): cls
+           for cls in (Trace, RecordedOom, AllocatorState, StateSegment, StateBlock)},
+    }
+
+    class _TraceUnpickler(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            found = allowed.get((module, name))
+            if found is None:
+                raise pickle.UnpicklingError(f"{module}.{name} is not part of a decoded trace")
+            return found
+
+    trace = _TraceUnpickler(io.BytesIO(payload)).load()
+    if not isinstance(trace, Trace):
+        raise pickle.UnpicklingError(f"a {type(trace).__name__}, not a decoded trace")
+    return trace
 
 
 def trace_entries(snapshot: Mapping[str, Any], device: int) -> Sequence[Any]:
