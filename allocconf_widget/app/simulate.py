@@ -425,12 +425,12 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
         notes.append(f"the memory outside PyTorch ({format_bytes(source.non_pytorch_bytes)}) is not "
                      "used: it is a share of the device's memory, which is not known (give the "
                      "device's total, --device-total)")
-    if device_total is None and fraction is None:
-        usable = trace.inferred_usable_bytes()
-        if usable is not None:
-            device_total, non_pytorch = usable, 0
-            notes.append(f"device capacity: {format_bytes(usable)} usable, inferred from the OOM "
-                         "recorded in the trace")
+    from allocconf_widget.core.sim.capacity import replay_room
+
+    room = replay_room(trace, device_total, non_pytorch, fraction)
+    device_total, non_pytorch, fraction = room.device_total, room.non_pytorch_bytes, room.fraction
+    if room.note is not None:
+        notes.append(room.note)
     if fraction is not None and device_total is None:
         raise AllocConfError("a memory fraction is a share of the device's memory, which is not known "
                              "for this trace", fix="give the device's total memory (--device-total)")

@@ -1,5 +1,6 @@
 """``allocconf simulate --fraction F --conf garbage_collection_threshold:0.6`` must not say the GC
-does nothing without a fraction: the replay has one. Without a fraction the note stays."""
+does nothing without a fraction: the replay has one (given, a sidecar's, or the one a trace's OOMs
+show). Without a fraction the note stays."""
 
 from __future__ import annotations
 
@@ -33,9 +34,21 @@ def test_the_fraction_the_files_sidecar_records_counts_as_one():
 def test_the_note_stays_without_a_fraction(tmp_path):
     import shutil
 
-    alone = tmp_path / TRACE.name  # without its sidecar: no fraction known
-    shutil.copy(TRACE, alone)
+    unlimited = TRACE.with_name("growing__default.pickle.gz")  # no fraction, no OOM
+    alone = tmp_path / unlimited.name  # and without its sidecar
+    shutil.copy(unlimited, alone)
     assert "does nothing unless a memory fraction" in _notes(None, alone)
+
+
+def test_a_limit_read_off_the_ooms_counts_as_one(tmp_path):
+    """Without its sidecar the fraction run's OOM still shows the limit it ran under
+    (``capacity.held_limit``): the collector has a limit to act at, so no note."""
+    import shutil
+
+    alone = tmp_path / TRACE.name
+    shutil.copy(TRACE, alone)
+    notes = _notes(None, alone)
+    assert "held to a limit below the device" in notes and "does nothing" not in notes
 
 
 @pytest.mark.parametrize(("fraction", "noted"), [(0.5, True), (None, False)])

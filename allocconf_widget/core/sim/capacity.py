@@ -57,6 +57,96 @@ def estimate_non_pytorch(trace: Trace, device_total: int) -> NonPytorchEstimate:
         "context; libraries and other processes add more: pass --non-pytorch to set it)"))
 
 
+@dataclass(frozen=True)
+class HeldLimit:
+    """A memory limit below the device that the trace's OOMs show the run was held to."""
+
+    usable: int  # the device's room for PyTorch at the first such OOM: reserved + device_free
+    low: int  # the limit is at least this: the most the run reserved (all of it fitted)
+    high: int  # and below this: reserved at an OOM plus the segment that did not fit
+    ooms: int  # the OOM entries that came with room on the device
+
+    @property
+    def limit(self) -> int:
+        """The middle of what the recording allows, the replay's limit."""
+        return (self.low + self.high) // 2
+
+    def note(self) -> str:
+        return (f"the recording's {self.ooms} OOM(s) came with memory free on the device (at the "
+                f"first, {_mib(self.usable)} usable by PyTorch in all): the run was held to a limit "
+                f"below the device, a memory fraction, of {_mib(self.low)} to {_mib(self.high)} "
+                f"judging by what it reserved and where it failed; every row replays under "
+                f"{_mib(self.limit)}. Give --fraction and --device-total to replay the exact one "
+                "(a recording made with %%allocconf record keeps both)")
+
+
+def held_limit(trace: Trace) -> HeldLimit | None:
+    """The limit below the device a recorded run was held to, read off its OOM entries.
+
+    torch records ``device_free`` at an OOM. Where that was more than the segment the failed
+    request needed, the device had room and ``cudaMalloc`` did not fail: the allocator's own
+    limit refused it, which only ``set_per_process_memory_fraction`` sets. Every allocation
+    that succeeded fitted under that limit, and each such OOM did not (reserved then, after
+    the OOM path released the cache, plus the segment). None where no OOM shows room, where
+    the trace is partial or records its fraction calls (then the limits are known), or where
+    the bounds contradict each other. Measured on the 25 recordings of programs that catch their
+    OOMs under a fraction in ``benchmarks/data``: every true limit lies inside the bounds.
+    """
+    from allocconf_widget.core.sim.trace import segment_size_of
+
+    if not trace.ooms or trace.partial or trace.limit_changes:
+        return None
+    high, roomy = None, 0
+    for oom in trace.ooms:
+        segment = segment_size_of(oom.size)
+        if oom.device_free < segment:
+            return None  # the device itself was full there: no limit below it to read
+        roomy += 1
+        ceiling = trace.recorded_reserved_at(oom.event_index) + segment
+        high = ceiling if high is None else min(high, ceiling)
+    low = trace.recorded_reserved_peak()
+    usable = trace.inferred_usable_bytes()
+    if high is None or usable is None or not low < high <= usable:
+        return None
+    return HeldLimit(usable, low, high, roomy)
+
+
+@dataclass(frozen=True)
+class ReplayRoom:
+    """The memory a replay may use: as the caller said, or as the trace's OOMs tell."""
+
+    device_total: int | None
+    non_pytorch_bytes: int
+    fraction: float | None
+    note: str | None = None  # where a number came from the trace, said for people
+
+
+def replay_room(trace: Trace, device_total: int | None, non_pytorch_bytes: int,
+                fraction: float | None) -> ReplayRoom:
+    """What a replay of ``trace`` may use, where the caller leaves it open. The what-if, the
+    ranking and the self-check all ask here, so one file replays under one limit everywhere.
+
+    * no fraction given, and the OOMs show a limit below the device (:func:`held_limit`): that
+      limit, as a fraction of ``device_total`` (or of the device's room for PyTorch the first
+      OOM shows, when the total is not known either);
+    * neither a device total nor a fraction: the device's room for PyTorch at the first OOM
+      (reserved + ``device_free``), so the OOM path replays too;
+    * otherwise what was given.
+    """
+    if fraction is None:
+        held = held_limit(trace)
+        if held is not None and (device_total is None or held.limit < device_total):
+            if device_total is None:
+                device_total, non_pytorch_bytes = held.usable, 0
+            return ReplayRoom(device_total, non_pytorch_bytes, held.limit / device_total, held.note())
+    if device_total is None and fraction is None:
+        usable = trace.inferred_usable_bytes()
+        if usable is not None:
+            return ReplayRoom(usable, 0, None, f"device capacity: {_mib(usable)} usable, inferred "
+                              "from the OOM recorded in the trace")
+    return ReplayRoom(device_total, non_pytorch_bytes, fraction)
+
+
 def _mib(n: int) -> str:
     from allocconf_widget.core.units import format_bytes
 

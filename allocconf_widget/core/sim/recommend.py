@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from allocconf_widget._errors import AllocConfError, AllocConfWarning
+from allocconf_widget.core.sim.capacity import replay_room
 from allocconf_widget.core.sim.result import Fidelity, SimResult
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import simulate_many
@@ -163,9 +164,10 @@ def recommend(
     if fraction is None:
         fraction = (recorded_settings or current_settings).per_process_memory_fraction
     notes: list[str] = []
-    if device_total is None and (usable := trace.inferred_usable_bytes()) is not None:
-        device_total, non_pytorch_bytes = usable, 0
-        notes.append(f"device capacity {format_bytes(usable)} inferred from the trace's OOM entry")
+    room = replay_room(trace, device_total, non_pytorch_bytes, fraction)
+    device_total, non_pytorch_bytes, fraction = room.device_total, room.non_pytorch_bytes, room.fraction
+    if room.note is not None:
+        notes.append(room.note)
     label = current_conf if current_conf is not None else current_settings.describe()
     current = dataclasses.replace(current_settings, per_process_memory_fraction=fraction, label=label)
 

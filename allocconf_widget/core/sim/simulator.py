@@ -28,6 +28,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from allocconf_widget.core.sim.capacity import replay_room
 from allocconf_widget.core.sim.engine import Engine
 from allocconf_widget.core.sim.result import (
     Divergence,
@@ -200,13 +201,14 @@ def self_check(
     The replay has exactly the information a what-if has (no recorded segment
     addresses), so the score says how far a prediction can be trusted;
     ``recorded_addresses=True`` replays with them instead (a model diagnostic,
-    labelled so in :meth:`Fidelity.summary`). Without ``device_total`` the capacity
-    is inferred from the first recorded OOM (see :meth:`Trace.inferred_usable_bytes`),
-    so OOM-path releases replay too. A trace with a start state
-    (``trace.initial_state``) replays from it.
+    labelled so in :meth:`Fidelity.summary`). What the settings and ``device_total`` leave
+    open is read off the trace's OOMs (:func:`.capacity.replay_room`: a limit below the device
+    its OOMs show, or the device's room at the first one), so OOM-path releases replay too. A
+    trace with a start state (``trace.initial_state``) replays from it.
     """
-    if device_total is None and recorded_settings.per_process_memory_fraction is None:
-        device_total, non_pytorch_bytes = trace.inferred_usable_bytes(), 0
+    room = replay_room(trace, device_total, non_pytorch_bytes, recorded_settings.per_process_memory_fraction)
+    device_total, non_pytorch_bytes = room.device_total, room.non_pytorch_bytes
+    recorded_settings = dataclasses.replace(recorded_settings, per_process_memory_fraction=room.fraction)
     result = simulate(
         trace,
         recorded_settings,

@@ -945,7 +945,7 @@ class _Decoder:
         size = int_or_zero(follower.get("size"))
         if follower.get("action") == "segment_map":
             # the limit check is on the request's whole segment size, not on the pages mapped
-            size = max(size, _segment_size_of(self._next_alloc_size(nxt)))
+            size = max(size, segment_size_of(self._next_alloc_size(nxt)))
         return reserved_before + size
 
     def _next_alloc_size(self, start: int) -> int:
@@ -970,7 +970,7 @@ class _Decoder:
 _SMALL_SEGMENT = 2 << 20  # small-pool segments are 2 MiB; large-pool ones never are
 
 
-def _segment_size_of(n: int) -> int:
+def segment_size_of(n: int) -> int:
     """The segment a request of ``n`` bytes asks for under default rules (2 MiB small, 20 MiB
     below 10 MiB, else rounded to 2 MiB): malloc's limit check is on this, not on the pages mapped."""
     if n <= 1 << 20:

@@ -42,8 +42,9 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("trace", metavar="TRACE", help="snapshot .pickle (or .pickle.gz) with history")
     parser.add_argument("--torch-version", metavar="X.Y",
-                        help="torch release that recorded the trace (default: installed torch, "
-                             "else guessed from the snapshot)")
+                        help="torch release that recorded the trace (default: the release whose "
+                             "rules reproduce its segment events best, the installed torch on a tie; "
+                             "a sidecar's torch where there is one)")
     parser.add_argument("--conf", action="append", metavar="C", default=None,
                         help="a setting to replay, e.g. expandable_segments:True (repeatable; "
                              "'' = torch defaults): only these, unless --recommend adds the grid "
@@ -55,7 +56,9 @@ def register(subparsers: Any) -> None:
                         help="memory used outside PyTorch's allocator (CUDA context, libraries); "
                              "default: estimated from the trace when --device-total is given")
     parser.add_argument("--fraction", type=float, metavar="F",
-                        help="torch.cuda.set_per_process_memory_fraction(F) in force")
+                        help="torch.cuda.set_per_process_memory_fraction(F) in force (default: "
+                             "the recording's sidecar's; else the limit the trace's OOMs show, "
+                             "where the device still had room)")
     parser.add_argument("--device", type=int, metavar="N", help="CUDA device whose trace to use")
     parser.add_argument("--json", action="store_true", help="print a JSON array")
     parser.add_argument("--recommend", action="store_true",

@@ -1,0 +1,137 @@
+"""A memory limit below the device, read off a trace's OOMs (``capacity.held_limit``).
+
+torch records the device's free memory at an OOM. Where it had room for the segment that
+failed, the allocator's own limit (a memory fraction) refused the request: the replay then
+holds every row to a limit the recording allows, where nobody said the fraction. Without it,
+a raw snapshot of a batch finder under a fraction replayed with no limit and called every
+setting's run OOM-free at peaks it could never reach.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from allocconf_widget.app.simulate import SimulationRequest, file_source, simulate
+from allocconf_widget.core.memory.snapshot import load_snapshot
+from allocconf_widget.core.sim.capacity import held_limit, replay_room
+from allocconf_widget.core.sim.trace import extract_trace
+from tests.trace_builder import TraceBuilder
+
+MiB, GiB = 1 << 20, 1 << 30
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data"
+
+
+def _held_run(device_free: int) -> TraceBuilder:
+    """A run that reserved 300 MiB, freed 100 MiB of it, then failed a 400 MiB request."""
+    b = TraceBuilder()
+    b.segment("segment_alloc", 1 << 40, 200 * MiB)
+    a = b.alloc(200 * MiB)
+    b.segment("segment_alloc", 2 << 40, 100 * MiB)
+    c = b.alloc(100 * MiB)
+    b.free(c)
+    b.segment("segment_free", 2 << 40, 100 * MiB)
+    b.oom(400 * MiB, device_free=device_free)
+    b.free(a)
+    return b
+
+
+def test_an_oom_with_room_on_the_device_shows_the_limit_it_ran_under():
+    held = held_limit(_held_run(device_free=50 * GiB).build())
+    assert held is not None
+    # it reserved 300 MiB, so the limit is at least that; 200 MiB held + 400 MiB did not fit
+    assert (held.low, held.high, held.limit) == (300 * MiB, 600 * MiB, 450 * MiB)
+    assert held.usable == 200 * MiB + 50 * GiB
+    assert "300.00 MiB to 600.00 MiB" in held.note()
+
+
+def test_an_oom_of_a_full_device_shows_no_limit_below_it():
+    trace = _held_run(device_free=100 * MiB).build()  # less than the 400 MiB segment: it was full
+    assert held_limit(trace) is None
+    room = replay_room(trace, None, 0, None)
+    assert (room.device_total, room.fraction) == (200 * MiB + 100 * MiB, None)
+    assert "inferred from the OOM" in (room.note or "")
+
+
+def test_what_the_caller_says_wins():
+    trace = _held_run(device_free=50 * GiB).build()
+    given = replay_room(trace, 80 * GiB, 1 * GiB, 0.25)
+    said = (given.device_total, given.non_pytorch_bytes, given.fraction, given.note)
+    assert said == (80 * GiB, GiB, 0.25, None)
+    # a device total alone: the limit becomes a fraction of it
+    sized = replay_room(trace, 80 * GiB, GiB, None)
+    assert sized.device_total == 80 * GiB and sized.fraction == pytest.approx(450 * MiB / (80 * GiB))
+    # a limit above the device the caller gives is no limit: nothing is made up
+    assert replay_room(trace, 400 * MiB, 0, None).fraction is None
+
+
+def test_bounds_that_contradict_each_other_give_no_limit():
+    b = _held_run(device_free=50 * GiB)
+    b.segment("segment_alloc", 3 << 40, 700 * MiB)  # reserved more after the OOM than it allows
+    b.alloc(700 * MiB)
+    assert held_limit(b.build()) is None
+
+
+def _sidecar(path: Path) -> dict[str, float]:
+    meta: dict[str, float] = json.loads(path.with_name(path.name.replace(".pickle.gz", ".json")).read_text())
+    return meta
+
+
+def _recordings() -> list[Path]:
+    return sorted(p for p in DATA.glob("*frac*.pickle.gz") if _sidecar(p).get("fraction"))
+
+
+@pytest.mark.parametrize("path", _recordings(), ids=lambda p: p.name.split(".")[0])
+def test_the_true_limit_of_real_runs_lies_inside(path: Path):
+    meta = _sidecar(path)
+    trace = extract_trace(load_snapshot(path), None)
+    held = held_limit(trace)
+    if not trace.ooms:
+        assert held is None
+        return
+    assert held is not None
+    assert held.low <= int(meta["fraction"] * meta["device_total_bytes"]) < held.high
+
+
+@pytest.mark.slow
+def test_the_true_limit_of_every_archived_run_that_caught_an_oom_lies_inside(tmp_path: Path):
+    """``benchmarks/data``'s runs under a fraction that OOMed (batch finders among them): 21."""
+    checked = 0
+    for archive in sorted((ROOT / "benchmarks" / "data").glob("*.tar.xz")):
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp_path / archive.name, filter="data")
+    for path in sorted(tmp_path.rglob("*.pickle")):
+        meta = json.loads(path.with_suffix(".json").read_text())
+        if not meta.get("fraction"):
+            continue
+        trace = extract_trace(load_snapshot(path), None)
+        if not trace.ooms:
+            continue
+        held = held_limit(trace)
+        assert held is not None, path.name
+        assert held.low <= int(meta["fraction"] * meta["device_total_bytes"]) < held.high, path.name
+        checked += 1
+    assert checked == 21
+
+
+def test_a_raw_snapshot_replays_under_the_limit_its_ooms_show(tmp_path: Path):
+    """The same recording with its sidecar (the fraction known) and without (read off the
+    OOM): the self-check reproduces the run either way, and the default row's verdict is the
+    same; without the limit it was called a run without an OOM."""
+    original = DATA / "growing__frac_default.pickle.gz"
+    bare = tmp_path / original.name
+    shutil.copy(original, bare)
+    request = SimulationRequest(confs=("",), workers=1)
+    known = simulate(file_source(str(original)), request)
+    read = simulate(file_source(str(bare)), request)
+    assert read.fidelity is not None and read.fidelity.exact and read.fidelity.peak_matches
+    assert any("held to a limit below the device" in note for note in read.notes)
+    assert read.limit_bytes is not None and known.limit_bytes is not None
+    want = [(r.result.oom is not None, r.result.oom_fatal) for r in known.rows]
+    got = [(r.result.oom is not None, r.result.oom_fatal) for r in read.rows]
+    assert got == want and want[0][0]
