@@ -94,3 +94,25 @@ def test_replay_stays_linear_on_adversarial_valid_shapes(shape: str) -> None:
     assert large < 8 * max(small, 0.05), (
         f"{shape}: 4× the entries cost {large / max(small, 1e-9):.1f}× the CPU "
         f"({small:.2f} s → {large:.2f} s)")
+
+
+def test_a_limit_read_off_many_ooms_stays_linear() -> None:
+    """100,000 caught OOMs, each after a segment event (a batch finder that never gives up):
+    the limit they show (``capacity.held_limit``, asked by every what-if without a fraction)
+    walked every segment event once per OOM, 10^10 steps; now once in all."""
+    from allocconf_widget.core.sim.capacity import replay_room
+
+    entries: list[dict[str, Any]] = []
+    for i in range(100_000):
+        addr = BASE + i * 32 * MiB
+        entries += [{"action": "segment_alloc", "addr": addr, "size": 20 * MiB, "stream": 0},
+                    {"action": "alloc", "addr": addr, "size": 20 * MiB, "stream": 0},
+                    {"action": "oom", "size": 1 << 30, "device_free": 100 << 30, "stream": 0},
+                    {"action": "free_completed", "addr": addr, "size": 20 * MiB, "stream": 0},
+                    {"action": "segment_free", "addr": addr, "size": 20 * MiB, "stream": 0}]
+    trace = extract_trace(_snapshot(entries))
+    started = time.process_time()
+    room = replay_room(trace, None, 0, None)
+    seconds = time.process_time() - started
+    assert room.fraction is not None and "100,000 OOM(s)" in (room.note or "")
+    assert seconds < 10, f"{seconds:.1f} s of CPU to read the limit off 100,000 OOMs"

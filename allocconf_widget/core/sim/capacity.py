@@ -72,7 +72,7 @@ class HeldLimit:
         return (self.low + self.high) // 2
 
     def note(self) -> str:
-        return (f"the recording's {self.ooms} OOM(s) came with memory free on the device (at the "
+        return (f"the recording's {self.ooms:,} OOM(s) came with memory free on the device (at the "
                 f"first, {_mib(self.usable)} usable by PyTorch in all): the run was held to a limit "
                 f"below the device, a memory fraction, of {_mib(self.low)} to {_mib(self.high)} "
                 f"judging by what it reserved and where it failed; every row replays under "
@@ -96,19 +96,18 @@ def held_limit(trace: Trace) -> HeldLimit | None:
 
     if not trace.ooms or trace.partial or trace.limit_changes:
         return None
-    high, roomy = None, 0
-    for oom in trace.ooms:
+    high = None
+    reserved = trace.recorded_reserved_before([oom.event_index for oom in trace.ooms])
+    for oom, held in zip(trace.ooms, reserved, strict=True):
         segment = segment_size_of(oom.size)
         if oom.device_free < segment:
             return None  # the device itself was full there: no limit below it to read
-        roomy += 1
-        ceiling = trace.recorded_reserved_at(oom.event_index) + segment
-        high = ceiling if high is None else min(high, ceiling)
+        high = held + segment if high is None else min(high, held + segment)
     low = trace.recorded_reserved_peak()
     usable = trace.inferred_usable_bytes()
     if high is None or usable is None or not low < high <= usable:
         return None
-    return HeldLimit(usable, low, high, roomy)
+    return HeldLimit(usable, low, high, len(trace.ooms))
 
 
 @dataclass(frozen=True)
