@@ -135,3 +135,22 @@ def test_a_raw_snapshot_replays_under_the_limit_its_ooms_show(tmp_path: Path):
     want = [(r.result.oom is not None, r.result.oom_fatal) for r in known.rows]
     got = [(r.result.oom is not None, r.result.oom_fatal) for r in read.rows]
     assert got == want and want[0][0]
+
+
+def test_a_batch_finder_recorded_by_torch_alone_replays_as_it_ran(tmp_path: Path):
+    """An H100 recording made without this package (no sidecar): a batch finder under a
+    fraction of 0.05 that caught one OOM. Replayed with no flag, the note's range holds the
+    true limit, the self-check reproduces every segment event, and each row catches the OOM
+    as the recording did."""
+    original = DATA / "batchfind_raw__frac_default.pickle.gz"
+    meta = _sidecar(original)
+    raw = tmp_path / original.name
+    shutil.copy(original, raw)
+    report = simulate(file_source(str(raw)), SimulationRequest(confs=("", "expandable_segments:True"),
+                                                               workers=1))
+    held = held_limit(extract_trace(load_snapshot(raw), None))
+    assert held is not None
+    assert held.low <= int(meta["fraction"] * meta["device_total_bytes"]) < held.high
+    assert report.fidelity is not None and report.fidelity.exact and report.fidelity.peak_matches
+    assert report.limit_bytes == held.limit
+    assert all(row.result.oom is not None and not row.result.oom_fatal for row in report.rows)

@@ -305,7 +305,9 @@ def _recorded(snap: Any, meta: dict[str, Any]) -> tuple[SimSettings, int | None,
     if meta.get("fraction") is not None:
         s = dataclasses.replace(s, per_process_memory_fraction=meta["fraction"])
     total = meta.get("device_total_bytes")
-    other = total - meta["free_at_start_bytes"] if total is not None else 0
+    # memory outside PyTorch, where the recording measured it (batchfind_raw's process did not)
+    free = meta.get("free_at_start_bytes")
+    other = total - free if total is not None and free is not None else 0
     return s, total, other
 
 
