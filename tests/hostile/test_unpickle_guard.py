@@ -211,3 +211,99 @@ def test_shapes_that_broke_an_early_decode_cost_the_caller_nothing(tmp_path):
         cpu = float(out.split(f"{name} SECONDS")[1].split("CPU")[1].split()[0])
         assert seconds < 20 and cpu < 5, (name, seconds, cpu)
     assert "NO CHILDREN" in out
+
+
+_LEAK_CHECK = """
+    import os, pickle, time
+    from allocconf_widget._errors import SnapshotError
+    from allocconf_widget.core.memory import unpickle_guard as guard
+
+    def left():
+        fds = len(os.listdir("/proc/self/fd"))
+        try:
+            os.waitpid(-1, os.WNOHANG)
+            return fds, "CHILDREN LEFT"
+        except ChildProcessError:
+            return fds, "NO CHILDREN"
+
+    def refuse(obj):
+        raise SnapshotError("refused")
+
+    before = left()
+"""
+
+
+def test_an_interrupt_while_the_children_are_ended_still_ends_both():
+    """A second Ctrl-C during the cleanup (here: the first kill) still collects the checker
+    and the decoding child, which a refused file leaves mid-decode; before, the decoding
+    child stayed blocked on its pipe, with its copy of the file, until the kernel exited."""
+    done = _run(_LEAK_CHECK + """
+    kill = guard._Child.kill
+    calls = []
+    def interrupted_once(self):
+        calls.append(self.pid)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        kill(self)
+    guard._Child.kill = interrupted_once
+    try:
+        guard.load_checked(pickle.dumps(list(range(1000))), "data", pickle.loads, refuse,
+                           derive=lambda obj: time.sleep(60), read_derived=pickle.loads)
+    except KeyboardInterrupt:
+        print("INTERRUPTED")
+    print("BEFORE", before, "AFTER", left())
+    """)
+    assert "INTERRUPTED" in done.stdout, done.stderr[-2000:]
+    before, after = done.stdout.split("BEFORE")[1].split("AFTER")
+    assert "NO CHILDREN" in after and before.strip() == after.strip(), done.stdout
+
+
+def test_an_interrupt_as_the_second_child_is_forked_ends_both():
+    """A Ctrl-C that lands as the decoding child's fork returns (a slow fork of a big
+    process): both children are killed and collected and every pipe closed; before, the
+    checker stayed a zombie and the decoding child blocked for good."""
+    done = _run(_LEAK_CHECK + """
+    fork = os.fork
+    forks = []
+    def fork_then_interrupt():
+        pid = fork()
+        if pid:
+            forks.append(pid)
+            if len(forks) == 2:
+                raise KeyboardInterrupt
+        return pid
+    guard.os.fork = fork_then_interrupt
+    try:
+        guard.load_checked(pickle.dumps(list(range(1000))), "data", pickle.loads, lambda obj: None,
+                           derive=lambda obj: time.sleep(60), read_derived=pickle.loads)
+    except KeyboardInterrupt:
+        print("INTERRUPTED")
+    guard.os.fork = fork
+    print("BEFORE", before, "AFTER", left())
+    """)
+    assert "INTERRUPTED" in done.stdout, done.stderr[-2000:]
+    before, after = done.stdout.split("BEFORE")[1].split("AFTER")
+    assert "NO CHILDREN" in after and before.strip() == after.strip(), done.stdout
+
+
+def test_no_descriptor_for_the_second_child_loads_all_the_same():
+    """Out of file descriptors at the decoding child's pipe: the file loads (the caller
+    decodes it later), no raw OSError, nothing left behind."""
+    done = _run(_LEAK_CHECK + """
+    pipe = os.pipe
+    pipes = []
+    def second_fails():
+        pipes.append(1)
+        if len(pipes) == 2:
+            raise OSError(24, "Too many open files")
+        return pipe()
+    guard.os.pipe = second_fails
+    got = guard.load_checked(pickle.dumps([1, 2]), "data", pickle.loads, lambda obj: None,
+                             derive=lambda obj: obj, read_derived=pickle.loads)
+    guard.os.pipe = pipe
+    print("LOADED", got.obj, got.derived)
+    print("BEFORE", before, "AFTER", left())
+    """)
+    assert "LOADED [1, 2] None" in done.stdout, done.stderr[-2000:]
+    before, after = done.stdout.split("BEFORE")[1].split("AFTER")
+    assert "NO CHILDREN" in after and before.strip() == after.strip(), done.stdout

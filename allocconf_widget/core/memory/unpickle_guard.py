@@ -124,11 +124,11 @@ def load_checked(data: bytes, what: str, unpickle: Callable[[bytes], object],
         check(obj)
         return Loaded(obj)
     sibling = None
-    if derive is not None and read_derived is not None and len(data) <= OVERLAP_MAX_BYTES:
-        deriving = _fork_child(lambda out: _deriving_child(out, data, unpickle, derive),
-                               "derived data", len(data))
-        sibling = None if deriving is None else _Deriving(deriving, len(data))
     try:
+        if derive is not None and read_derived is not None and len(data) <= OVERLAP_MAX_BYTES:
+            deriving = _fork_child(lambda out: _deriving_child(out, data, unpickle, derive),
+                                   "derived data", len(data))
+            sibling = None if deriving is None else _Deriving(deriving, len(data))
         child.expect(_UNPICKLED)
         if len(data) > OVERLAP_MAX_BYTES:  # one copy at a time: wait for the checks first
             child.expect(_CHECKED)
@@ -141,29 +141,90 @@ def load_checked(data: bytes, what: str, unpickle: Callable[[bytes], object],
         child.expect(_CHECKED)
         return Loaded(obj, sibling.result(read_derived))
     finally:
-        os.close(child.pipe)
-        child.reap()
-        if sibling is not None:
-            sibling.end()
+        _end_all([c for c in (sibling.child if sibling else None, child) if c is not None])
+
+
+def _end_all(children: list[_Child]) -> None:
+    """End each child (the one that may block forever first): each step runs whatever
+    interrupts the one before it. A second Ctrl-C during the first child's collection left
+    the decoding child blocked on its pipe, for good, holding its copy of the file."""
+    if not children:
+        return
+    try:
+        children[0].end()
+    finally:
+        _end_all(children[1:])
 
 
 def _fork_child(run: Callable[[int], None], what: str, size: int) -> _Child | None:
     """Fork a child that runs ``run`` on the write end of a new pipe (``run`` never returns:
-    it ends with ``os._exit``); the child as this process sees it, None where the fork failed."""
-    read_end, write_end = os.pipe()
+    it ends with ``os._exit``); the child as this process sees it, None where there are no
+    descriptors left or the fork fails.
+
+    Interrupted half way, it ends the child it made. A Ctrl-C during the fork itself (tens of
+    milliseconds in a big process) raises as ``os.fork`` returns, and its return value, the
+    child's pid, is lost: so the child first writes its pid into a pipe of its own, which this
+    process reads only then.
+    """
+    fds: dict[str, int] = {}
+    try:
+        fds["read"], fds["write"] = os.pipe()
+        fds["pid_read"], fds["pid_write"] = os.pipe()
+    except OSError:  # out of file descriptors: the caller works in process
+        _close(fds)
+        return None
+    parent, pid = os.getpid(), -1
     try:
         with warnings.catch_warnings():  # "multi-threaded, fork() may deadlock": the children
             warnings.simplefilter("ignore", DeprecationWarning)  # only unpickle, check and exit
             pid = os.fork()
-    except OSError:
-        os.close(read_end)
-        os.close(write_end)
-        return None
-    if pid == 0:  # pragma: no cover - the child; it never returns
-        os.close(read_end)
-        run(write_end)
-    os.close(write_end)
-    return _Child(pid, read_end, what, size)
+        if pid == 0:  # pragma: no cover - the child; it never returns
+            try:
+                os.close(fds["read"])
+                os.close(fds["pid_read"])
+                with contextlib.suppress(OSError):  # no reader: the parent has its pid already
+                    os.write(fds["pid_write"], str(os.getpid()).encode())
+                os.close(fds["pid_write"])
+                run(fds["write"])
+            finally:
+                os._exit(3)
+        _close(fds, "write", "pid_write", "pid_read")
+        return _Child(pid, fds.pop("read"), what, size)
+    except BaseException as exc:
+        if os.getpid() != parent:  # pragma: no cover - an interrupt in the child, right after fork
+            os._exit(3)
+        if pid < 0 and "pid_read" in fds:  # did a child start? it says so, or the pipe ends
+            _close(fds, "pid_write")
+            pid = _pid_from(fds["pid_read"])
+        if pid > 0:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        _close(fds)
+        if isinstance(exc, OSError) and pid < 0:  # the fork failed: the caller works in process
+            return None
+        raise
+
+
+def _close(fds: dict[str, int], *names: str) -> None:
+    """Close the descriptors ``names`` of ``fds`` (all of them without names) and forget them."""
+    for name in names or tuple(fds):
+        fd = fds.pop(name, None)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _pid_from(pipe: int) -> int:
+    """The pid a new child wrote into ``pipe``; -1 if none comes within a second (no child)."""
+    poller = select.poll()
+    poller.register(pipe, select.POLLIN | select.POLLHUP)
+    if not poller.poll(1000):
+        return -1
+    with contextlib.suppress(OSError, ValueError):
+        return int(os.read(pipe, 32) or b"-1")
+    return -1
 
 
 class _Deriving:
@@ -225,13 +286,6 @@ class _Deriving:
         self.chunks.append(chunk)
         self.got += len(chunk)
         self.ended = not chunk or self.got > self.max_bytes
-
-    def end(self) -> None:
-        """Close the pipe and collect the child, killed if it is still at work."""
-        os.close(self.child.pipe)
-        self.child.kill()
-        self.child.reap()
-
 
 def _cpu_ticks(pid: int) -> int | None:
     """CPU clock ticks ``pid`` has used (user + system), or None where /proc cannot say."""
@@ -408,6 +462,21 @@ class _Child:
     def kill(self) -> None:
         with contextlib.suppress(OSError):
             os.kill(self.pid, signal.SIGKILL)
+
+    def end(self) -> None:
+        """Kill the child (its verdict is in, or no longer wanted), collect it, close its pipe;
+        each step whatever interrupts the one before."""
+        try:
+            if not self.reaped:
+                self.kill()
+        finally:
+            try:
+                self.reap()
+            finally:
+                if self.pipe >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(self.pipe)
+                    self.pipe = -1
 
     def reap(self) -> None:
         """Collect the child's wait status, killing it if it has not ended within a moment.
