@@ -44,6 +44,9 @@ class TraceSource:
     notes: tuple[str, ...] = ()  # where facts came from (a recording's sidecar), for the report
     #: the memory fraction in force when the run was recorded; a request's own fraction wins
     fraction: float | None = None
+    #: whether ``fraction`` is known, None included (a sidecar, the session's own recording):
+    #: where it is not, a limit the trace's OOMs show is read off them (``capacity.held_limit``)
+    limit_known: bool = False
     #: ``snapshot``'s trace for ``device`` where it is decoded already (a dry run's, which its
     #: predictions share; a file's, decoded beside the load's checks): not decoded again
     decoded: Trace | None = field(default=None, compare=False, repr=False)
@@ -109,7 +112,8 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
         label = f"{label} (a {LABEL}{on})"
         notes.extend(GAPS)
     return TraceSource(snapshot, label, torch_version, device_total, non_pytorch_bytes, device,
-                       tuple(notes), fraction=fraction, decoded=loaded.derived)
+                       tuple(notes), fraction=fraction, limit_known=known is not None,
+                       decoded=loaded.derived)
 
 
 @dataclass(frozen=True)
@@ -207,7 +211,7 @@ def trace_source(session: RecordingHolder, path: str | None = None, demo: bool =
         return TraceSource(rec.snapshot, RECORDING_LABEL,
                            recorded_release(rec.torch_version), rec.device_total,
                            max((rec.device_total or 0) - (rec.free_at_start or 0) - held, 0),
-                           fraction=rec.fraction)
+                           fraction=rec.fraction, limit_known=True)
     dry = session.dry_run  # an estimate, labelled so
     if dry is not None and not demo:
         return dry.source()
@@ -216,7 +220,7 @@ def trace_source(session: RecordingHolder, path: str | None = None, demo: bool =
     demo_rec = load_demo()
     return TraceSource(demo_rec.snapshot(), f"{BUNDLED_LABEL} ({demo_rec.description})",
                        recorded_release(demo_rec.torch_version), demo_rec.device_total_bytes,
-                       demo_rec.non_pytorch_bytes or 0)
+                       demo_rec.non_pytorch_bytes or 0, limit_known=True)
 
 
 def recorded_release(version: object) -> TorchVersion | None:
@@ -366,6 +370,8 @@ class SimulationReport:
     usable_bytes: int | None = None
     #: the memory fraction's cap on reserved memory, where it is tighter than ``usable_bytes``
     limit_bytes: int | None = None
+    #: where that cap was read off the trace's OOMs (no fraction known): the range they allow
+    limit_range: tuple[int, int] | None = None
 
     @property
     def current(self) -> SimulationRow | None:
@@ -393,6 +399,8 @@ class SimulationReport:
             doc = row.to_json()
             if self.ranked:
                 doc["fidelity"] = self.fidelity.to_json() if self.fidelity is not None else None
+            doc["limit_bytes"] = self.limit_bytes  # the cap every row replayed under, or null
+            doc["limit_read_off_ooms_bytes"] = None if self.limit_range is None else list(self.limit_range)
             docs.append(doc)
         return docs
 
@@ -426,8 +434,14 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
                      "used: it is a share of the device's memory, which is not known (give the "
                      "device's total, --device-total)")
     from allocconf_widget.core.sim.capacity import replay_room
+    from allocconf_widget.core.sim.settings import readback_fraction
 
-    room = replay_room(trace, device_total, non_pytorch, fraction)
+    readback = allocator_settings(source.snapshot)
+    read_fraction = readback_fraction(readback)  # a fraction torch's settings string set
+    if fraction is None and device_total is not None:
+        fraction = read_fraction
+    # the limit is read off the OOMs only where nothing says what the run was held to
+    room = replay_room(trace, device_total, non_pytorch, fraction, read_limit=not source.limit_known)
     device_total, non_pytorch, fraction = room.device_total, room.non_pytorch_bytes, room.fraction
     if room.note is not None:
         notes.append(room.note)
@@ -443,7 +457,6 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
         choice = trace_torch_version(source.snapshot, trace, device_total=device_total,
                                      non_pytorch_bytes=non_pytorch, fraction=recording_fraction)
         version, version_note = choice.version, choice.note
-    readback = allocator_settings(source.snapshot)
     if not readback:
         notes.append("the snapshot has no allocator_settings (torch < 2.3): assuming the trace ran "
                      "with torch's defaults")
@@ -451,6 +464,9 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
     # the self-check replays the run as it was made; every row applies the fraction in force
     as_recorded = dataclasses.replace(as_recorded, per_process_memory_fraction=recording_fraction)
     recorded = dataclasses.replace(as_recorded, per_process_memory_fraction=fraction)
+    # the recording's settings as a user would apply them: the fraction only where its settings
+    # string set it (a fraction given, a sidecar's or one read off the OOMs is no option of it)
+    recorded_conf = dataclasses.replace(recorded, per_process_memory_fraction=read_fraction).describe()
     start_state = None
     if trace.initial_state is not None:
         state = trace.initial_state
@@ -467,10 +483,12 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
                             fidelity=None, rows=(), ranked=False, start_state=start_state,
                             version_note=version_note, usable_bytes=usable,
                             limit_bytes=limit if limit is not None and (usable is None or limit < usable)
-                            else None)
+                            else None,
+                            limit_range=None if room.held is None else (room.held.low, room.held.high))
     if request.rank:
         ranked = _ranked(head, trace, request, recorded, version, notes, device_total=device_total,
-                         non_pytorch=non_pytorch, fraction=fraction, as_recorded=as_recorded)
+                         non_pytorch=non_pytorch, fraction=fraction, as_recorded=as_recorded,
+                         recorded_conf=recorded_conf)
         return _with_gc_start_note(ranked, trace)
     confs = _checked_confs(request.confs, version, notes, fraction)
     others = []
@@ -494,8 +512,8 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
         rows = tuple(SimulationRow(conf or "(torch defaults)", conf, r.with_fidelity(fidelity))
                      for conf, r in zip(confs, results[1:], strict=True))
     else:
-        shown = recorded.label if recorded.label is not None else recorded.describe()
-        rows = (SimulationRow(f"recorded: {recorded.describe()}", "" if shown == "(defaults)" else shown,
+        shown = recorded.label if recorded.label is not None else recorded_conf
+        rows = (SimulationRow(f"recorded: {recorded_conf}", "" if shown == "(defaults)" else shown,
                               results[0].with_fidelity(fidelity), is_current=True, kind="recorded"),)
     return _with_gc_start_note(
         dataclasses.replace(head, fidelity=fidelity, rows=rows, notes=tuple(notes)), trace)
@@ -541,7 +559,8 @@ def _recording_fraction(trace: Trace, fraction: float | None, device_total: int 
 
 def _ranked(head: SimulationReport, trace: Trace, request: SimulationRequest, recorded: SimSettings,
             version: TorchVersion, notes: list[str], *, device_total: int | None,
-            non_pytorch: int, fraction: float | None, as_recorded: SimSettings) -> SimulationReport:
+            non_pytorch: int, fraction: float | None, as_recorded: SimSettings,
+            recorded_conf: str) -> SimulationReport:
     """The candidate grid replayed and ranked against the kernel's settings (or the recording's)."""
     from allocconf_widget.core.sim.recommend import recommend
 
@@ -554,9 +573,8 @@ def _ranked(head: SimulationReport, trace: Trace, request: SimulationRequest, re
                                "progress": request.progress, "offer_release": request.release_offered}
     compared_with = None
     if request.kernel is None:
-        described = recorded.describe()
         rec = recommend(trace, torch_version=version, current_settings=recorded,
-                        current_conf="" if described == "(defaults)" else described,
+                        current_conf="" if recorded_conf == "(defaults)" else recorded_conf,
                         self_check_settings=as_recorded, **options)
     else:  # the kernel's settings are "current"; the recording's keep a row of their own
         compared_with = request.kernel.to_string()

@@ -112,7 +112,7 @@ def test_a_limit_read_off_many_ooms_stays_linear() -> None:
                     {"action": "segment_free", "addr": addr, "size": 20 * MiB, "stream": 0}]
     trace = extract_trace(_snapshot(entries))
     started = time.process_time()
-    room = replay_room(trace, None, 0, None)
+    room = replay_room(trace, None, 0, None, read_limit=True)
     seconds = time.process_time() - started
     assert room.fraction is not None and "100,000 OOM(s)" in (room.note or "")
     assert seconds < 10, f"{seconds:.1f} s of CPU to read the limit off 100,000 OOMs"

@@ -10,6 +10,7 @@ is estimated here from what the trace itself shows.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -62,7 +63,7 @@ class HeldLimit:
     """A memory limit below the device that the trace's OOMs show the run was held to."""
 
     usable: int  # the device's room for PyTorch at the first such OOM: reserved + device_free
-    low: int  # the limit is at least this: the most the run reserved (all of it fitted)
+    low: int  # the limit is at least this: the most the run reserved or allocated (it all fitted)
     high: int  # and below this: reserved at an OOM plus the segment that did not fit
     ooms: int  # the OOM entries that came with room on the device
 
@@ -89,8 +90,10 @@ def held_limit(trace: Trace) -> HeldLimit | None:
     that succeeded fitted under that limit, and each such OOM did not (reserved then, after
     the OOM path released the cache, plus the segment). None where no OOM shows room, where
     the trace is partial or records its fraction calls (then the limits are known), or where
-    the bounds contradict each other. Measured on the 25 recordings of programs that catch their
-    OOMs under a fraction in ``benchmarks/data``: every true limit lies inside the bounds.
+    the bounds contradict each other. The lower bound is the most the run reserved, or had
+    allocated where that is more (segments it held before the trace began are not in its
+    segment events). On the 21 recordings in ``benchmarks/data`` of runs under a fraction that
+    OOMed, every true limit lies inside the bounds.
     """
     from allocconf_widget.core.sim.trace import segment_size_of
 
@@ -103,11 +106,35 @@ def held_limit(trace: Trace) -> HeldLimit | None:
         if oom.device_free < segment:
             return None  # the device itself was full there: no limit below it to read
         high = held + segment if high is None else min(high, held + segment)
-    low = trace.recorded_reserved_peak()
     usable = trace.inferred_usable_bytes()
-    if high is None or usable is None or not low < high <= usable:
+    if high is None or usable is None or not trace.recorded_reserved_peak() < high <= usable:
+        return None
+    low = max(trace.recorded_reserved_peak(), _allocated_peak(trace))
+    if not low < high:
         return None
     return HeldLimit(usable, low, high, len(trace.ooms))
+
+
+def _allocated_peak(trace: Trace) -> int:
+    """The most the recorded run had allocated at once (requested bytes; a free waiting on
+    another stream no longer counts, as in torch's ``allocated_bytes``), from the start state."""
+    from allocconf_widget.core.sim.trace import OP_ALLOC, OP_FREE, OP_FREE_REQUESTED
+
+    live: dict[int, int] = {}
+    now = 0
+    if trace.initial_state is not None:  # its live blocks hold the first address ids
+        for aid, (_, block) in enumerate(trace.initial_state.live_blocks()):
+            live[aid] = block.size
+            now += block.size
+    peak = now
+    for op, aid, size in zip(trace.ops, trace.addr_ids, trace.sizes, strict=True):
+        if op == OP_ALLOC:
+            now += size - live.get(aid, 0)
+            live[aid] = size
+            peak = max(peak, now)
+        elif op in (OP_FREE, OP_FREE_REQUESTED):
+            now -= live.pop(aid, 0)
+    return peak
 
 
 @dataclass(frozen=True)
@@ -118,32 +145,48 @@ class ReplayRoom:
     non_pytorch_bytes: int
     fraction: float | None
     note: str | None = None  # where a number came from the trace, said for people
+    held: HeldLimit | None = None  # the limit read off the OOMs, where the fraction is that
 
 
 def replay_room(trace: Trace, device_total: int | None, non_pytorch_bytes: int,
-                fraction: float | None) -> ReplayRoom:
-    """What a replay of ``trace`` may use, where the caller leaves it open. The what-if, the
-    ranking and the self-check all ask here, so one file replays under one limit everywhere.
+                fraction: float | None, *, read_limit: bool) -> ReplayRoom:
+    """What a replay of ``trace`` may use, where the caller leaves it open.
 
-    * no fraction given, and the OOMs show a limit below the device (:func:`held_limit`): that
-      limit, as a fraction of ``device_total`` (or of the device's room for PyTorch the first
-      OOM shows, when the total is not known either);
+    * no fraction given, ``read_limit`` (nobody knows whether the run had one: the what-if of
+      a file without its sidecar), and the OOMs show a limit below the device
+      (:func:`held_limit`) and below what ``device_total`` less ``non_pytorch_bytes`` leaves:
+      that limit, as a fraction of ``device_total`` (or of the device's room for PyTorch the
+      first OOM shows, when the total is not known either);
     * neither a device total nor a fraction: the device's room for PyTorch at the first OOM
       (reserved + ``device_free``), so the OOM path replays too;
     * otherwise what was given.
+
+    The what-if decides once (``app/simulate``); the ranking and the self-check it calls then
+    get the fraction it chose and only fill in a device total (``read_limit=False``).
     """
-    if fraction is None:
+    if fraction is None and read_limit:
         held = held_limit(trace)
-        if held is not None and (device_total is None or held.limit < device_total):
+        if held is not None and (device_total is None or held.limit < device_total - non_pytorch_bytes):
             if device_total is None:
                 device_total, non_pytorch_bytes = held.usable, 0
-            return ReplayRoom(device_total, non_pytorch_bytes, held.limit / device_total, held.note())
+            return ReplayRoom(device_total, non_pytorch_bytes, fraction_for(held.limit, device_total),
+                              held.note(), held)
     if device_total is None and fraction is None:
         usable = trace.inferred_usable_bytes()
         if usable is not None:
             return ReplayRoom(usable, 0, None, f"device capacity: {_mib(usable)} usable, inferred "
                               "from the OOM recorded in the trace")
     return ReplayRoom(device_total, non_pytorch_bytes, fraction)
+
+
+def fraction_for(limit: int, device_total: int) -> float:
+    """The fraction of ``device_total`` whose limit (``int(fraction * device_total)``, as the
+    replay computes it) is ``limit`` or, by a float's last bit, just above: ``limit /
+    device_total`` alone came out a byte below, under a run that reserved exactly that much."""
+    fraction = limit / device_total
+    while int(fraction * device_total) < limit:
+        fraction = math.nextafter(fraction, 2.0)
+    return min(fraction, 1.0)
 
 
 def _mib(n: int) -> str:

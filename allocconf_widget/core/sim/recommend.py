@@ -164,7 +164,7 @@ def recommend(
     if fraction is None:
         fraction = (recorded_settings or current_settings).per_process_memory_fraction
     notes: list[str] = []
-    room = replay_room(trace, device_total, non_pytorch_bytes, fraction)
+    room = replay_room(trace, device_total, non_pytorch_bytes, fraction, read_limit=False)
     device_total, non_pytorch_bytes, fraction = room.device_total, room.non_pytorch_bytes, room.fraction
     if room.note is not None:
         notes.append(room.note)

@@ -40,6 +40,18 @@ class ConfLike(Protocol):
     def get(self, key: str) -> Any: ...
 
 
+def readback_fraction(settings: Mapping[str, Any] | None) -> float | None:
+    """The memory fraction ``snapshot["allocator_settings"]`` says was in force (torch releases
+    that take ``per_process_memory_fraction`` in the settings string), or None."""
+    s: Mapping[str, Any] = settings or {}
+    fraction = _opt_float(s.get("per_process_memory_fraction"))
+    if fraction is None:
+        text = s.get("PYTORCH_CUDA_ALLOC_CONF")
+        fraction = _opt_float(scan_conf_pairs(text if isinstance(text, str) else "").get(
+            "per_process_memory_fraction"))
+    return fraction if fraction is None or 0 <= fraction <= 1 else None
+
+
 def round_size(n: int, slots: tuple[int, ...], division_needs_two: bool) -> int:
     """torch's ``round_size``: 512-byte rounding or power-of-two divisions.
 
@@ -173,9 +185,6 @@ class SimSettings:
         expandable = s.get("expandable_segments")
         if expandable is None:
             expandable = pairs.get("expandable_segments") == "True"
-        fraction = _opt_float(s.get("per_process_memory_fraction"))
-        if fraction is None:
-            fraction = _opt_float(pairs.get("per_process_memory_fraction"))
         throw = s.get("throw_on_cudamalloc_oom")
         if throw is None:
             throw = pairs.get("throw_on_cudamalloc_oom") == "True"
@@ -186,7 +195,7 @@ class SimSettings:
             gc_threshold=gc if gc is not None and 0.0 <= gc < 1.0 else 0.0,
             expandable_segments=bool(expandable),
             large_segment_bytes=large if large is not None and 0 < large < (1 << 63) else LARGE_BUFFER,
-            per_process_memory_fraction=fraction if fraction is None or 0 <= fraction <= 1 else None,
+            per_process_memory_fraction=readback_fraction(settings),
             throw_on_cudamalloc_oom=bool(throw),
             torch_version=version,
             label=_recorded_label(text, pairs, s),

@@ -201,14 +201,15 @@ def self_check(
     The replay has exactly the information a what-if has (no recorded segment
     addresses), so the score says how far a prediction can be trusted;
     ``recorded_addresses=True`` replays with them instead (a model diagnostic,
-    labelled so in :meth:`Fidelity.summary`). What the settings and ``device_total`` leave
-    open is read off the trace's OOMs (:func:`.capacity.replay_room`: a limit below the device
-    its OOMs show, or the device's room at the first one), so OOM-path releases replay too. A
-    trace with a start state (``trace.initial_state``) replays from it.
+    labelled so in :meth:`Fidelity.summary`). Without ``device_total`` and a fraction the
+    capacity is the device's room at the first recorded OOM (:func:`.capacity.replay_room`),
+    so OOM-path releases replay too; a limit read off the OOMs is the caller's to pass, as
+    the fraction of ``recorded_settings`` (``app/simulate`` does). A trace with a start state
+    (``trace.initial_state``) replays from it.
     """
-    room = replay_room(trace, device_total, non_pytorch_bytes, recorded_settings.per_process_memory_fraction)
+    room = replay_room(trace, device_total, non_pytorch_bytes, recorded_settings.per_process_memory_fraction,
+                       read_limit=False)
     device_total, non_pytorch_bytes = room.device_total, room.non_pytorch_bytes
-    recorded_settings = dataclasses.replace(recorded_settings, per_process_memory_fraction=room.fraction)
     result = simulate(
         trace,
         recorded_settings,
