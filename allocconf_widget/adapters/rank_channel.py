@@ -246,6 +246,9 @@ class RankReporter:
 
                 util.Finalize(self, self._close_at_exit, exitpriority=100)
                 self._atexit = True
+        # the first record here, not by the thread: the rank is on the board once this returns
+        # (the thread's first write lagged the caller's next step on a busy machine)
+        self._write()
         return self
 
     def close(self, status: str = "finished") -> None:
@@ -282,9 +285,8 @@ class RankReporter:
 
     # -- the work
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.wait(self.interval):
             self._write()
-            self._stop.wait(self.interval)
 
     def _torch(self) -> ModuleType | None:
         torch = torch_private.imported_torch()

@@ -77,6 +77,18 @@ def test_channel_is_private_and_exported_only_to_processes_launched_after(board)
     assert (board.channel.stat().st_mode & 0o777) == 0o700
 
 
+def test_a_rank_is_on_the_board_as_soon_as_its_reporter_started(board):
+    """The first record is written before ``rank_reporter`` returns, not by its thread a moment
+    later: the notebook sees every rank it launched (CI once saw two of three, the third's
+    thread not yet run on a busy machine)."""
+    reporter = rank_channel.start_reporter(rank=7, interval=60.0)
+    try:
+        assert reporter is not None and _state(board, 7) is not None
+    finally:
+        assert reporter is not None
+        reporter.close()
+
+
 def test_ranks_report_finish_and_die_and_the_notebook_tells_them_apart(board, tmp_path):
     finishing = _launch(0, "finish", tmp_path)
     killed = _launch(1, "kill", tmp_path)
