@@ -128,18 +128,18 @@ def load_checked(data: bytes, what: str, unpickle: Callable[[bytes], object],
         if derive is not None and read_derived is not None and len(data) <= OVERLAP_MAX_BYTES:
             deriving = _fork_child(lambda out: _deriving_child(out, data, unpickle, derive),
                                    "derived data", len(data))
-            sibling = None if deriving is None else _Deriving(deriving, len(data))
+            sibling = None if deriving is None else _Deriving(deriving, len(data), read_derived)
         child.expect(_UNPICKLED)
         if len(data) > OVERLAP_MAX_BYTES:  # one copy at a time: wait for the checks first
             child.expect(_CHECKED)
             return Loaded(unpickle(data))
         obj = unpickle(data)  # what the child just did: it cannot crash or grow further
-        if sibling is None or read_derived is None:
+        if sibling is None:
             child.expect(_CHECKED)
             return Loaded(obj)
         sibling.read_while_checking(child)
         child.expect(_CHECKED)
-        return Loaded(obj, sibling.result(read_derived))
+        return Loaded(obj, sibling.result())
     finally:
         _end_all([c for c in (sibling.child if sibling else None, child) if c is not None])
 
@@ -231,8 +231,9 @@ class _Deriving:
     """The second child, seen from the parent: its pickled result, read as it comes and kept
     only once the checks passed."""
 
-    def __init__(self, child: _Child, size: int) -> None:
+    def __init__(self, child: _Child, size: int, read: Callable[[bytes], object]) -> None:
         self.child = child
+        self.read = read  # the restricted unpickler its result goes through
         #: a trace decodes to less than its pickle; anything far larger is not a result
         self.max_bytes = DERIVED_MAX_BASE + DERIVED_MAX_PER_BYTE * size
         self.chunks: list[bytes] = []
@@ -255,7 +256,7 @@ class _Deriving:
             if checker.pipe in ready:
                 return
 
-    def result(self, read: Callable[[bytes], object]) -> object | None:
+    def result(self) -> object | None:
         """The child's result, or None (it failed, ended, ran out of time, sent too much, or
         sat a whole second without output or CPU: a child stuck on a lock some other thread
         held at the fork spends no CPU, so its CPU limit would never end it, and this caller
@@ -277,7 +278,7 @@ class _Deriving:
         if self.got > self.max_bytes or payload[:1] != _DERIVED:
             return None
         try:
-            return read(payload[1:])
+            return self.read(payload[1:])
         except Exception:  # any refusal means "derive it here instead"
             return None
 
@@ -286,6 +287,7 @@ class _Deriving:
         self.chunks.append(chunk)
         self.got += len(chunk)
         self.ended = not chunk or self.got > self.max_bytes
+
 
 def _cpu_ticks(pid: int) -> int | None:
     """CPU clock ticks ``pid`` has used (user + system), or None where /proc cannot say."""
@@ -309,9 +311,7 @@ def _deriving_child(out: int, data: bytes, unpickle: Callable[[bytes], object],
     try:
         import pickle
 
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 2)
-        caller_cpu = _limit_resources(len(data))
+        caller_cpu = _enter_limits(len(data))
         obj = unpickle(data)
         _allow_checks(len(data), caller_cpu)
         payload = pickle.dumps(derive(obj), protocol=pickle.HIGHEST_PROTOCOL)
@@ -338,9 +338,7 @@ def _child(out: int, data: bytes, what: str, unpickle: Callable[[bytes], object]
     try:
         memory_said = _memory_message(what, len(data))
         try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 2)  # a crash report (faulthandler) is the parent's to word
-            caller_cpu = _limit_resources(len(data))
+            caller_cpu = _enter_limits(len(data))
             try:
                 obj = unpickle(data)
             except SnapshotError as exc:
@@ -380,6 +378,13 @@ def _lower(kind: int, soft: int) -> None:  # pragma: no cover - runs in the chil
         soft = min(soft, hard)
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(kind, (soft, hard))
+
+
+def _enter_limits(size: int) -> int:  # pragma: no cover - runs in a child
+    """Quiet the child's stderr (a crash report, from faulthandler, is the parent's to word) and
+    lower its limits for the unpickle; returns the CPU limit the caller had."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+    return _limit_resources(size)
 
 
 def _limit_resources(size: int) -> int:  # pragma: no cover - runs in the child

@@ -106,10 +106,10 @@ def held_limit(trace: Trace) -> HeldLimit | None:
         if oom.device_free < segment:
             return None  # the device itself was full there: no limit below it to read
         high = held + segment if high is None else min(high, held + segment)
-    usable = trace.inferred_usable_bytes()
-    if high is None or usable is None or not trace.recorded_reserved_peak() < high <= usable:
+    usable, reserved_peak = trace.inferred_usable_bytes(), trace.recorded_reserved_peak()
+    if high is None or usable is None or not reserved_peak < high <= usable:
         return None
-    low = max(trace.recorded_reserved_peak(), _allocated_peak(trace))
+    low = max(reserved_peak, _allocated_peak(trace))  # the walk of the rows only where it can matter
     if not low < high:
         return None
     return HeldLimit(usable, low, high, len(trace.ooms))
