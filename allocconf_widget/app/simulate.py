@@ -405,6 +405,17 @@ class SimulationReport:
         return docs
 
 
+def _undecided_releases_note(count: int) -> str:
+    """What a replay without the device's memory does with release bursts only a limit decides."""
+    bursts = "release burst" if count == 1 else "release bursts"
+    verb = "was" if count == 1 else "were"
+    return (f"{count:,} {bursts} right before a new segment {verb} either malloc's out-of-memory path "
+            "(the device was full there) or a call of empty_cache(); with the device's memory "
+            f"unknown {'it is' if count == 1 else 'they are'} replayed as empty_cache() under every "
+            "setting, which frees the cache there, so a setting that would not have filled the "
+            "device can be predicted low (give --device-total)")
+
+
 def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest(),
              trace: Trace | None = None) -> SimulationReport:
     """Replay ``source`` under its recorded settings and the requested others.
@@ -451,6 +462,9 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
     if device_total is None:
         notes.append("device capacity unknown: the device is treated as unlimited, so no OOM can "
                      "be predicted (give --device-total)")
+        undecided = trace.releases_a_limit_decides()
+        if undecided:
+            notes.append(_undecided_releases_note(undecided))
     recording_fraction = _recording_fraction(trace, fraction, device_total, notes)
     version, version_note = source.torch_version, None
     if version is None:

@@ -259,6 +259,17 @@ class Trace:
             peak = max(peak, reserved)
         return peak
 
+    def releases_a_limit_decides(self) -> int:
+        """Release bursts right before a new segment that only the run's memory limit tells
+        from ``empty_cache()``: the new segment would have taken reserved memory past the
+        recorded peak. (One that stayed within it fitted under any limit the run had, so malloc's
+        out-of-memory path did not release: it was ``empty_cache()``.)"""
+        if not self.ambiguous_releases:
+            return 0
+        peak = self.recorded_reserved_peak()
+        return sum(1 for op, need in zip(self.ops, self.sizes, strict=True)
+                   if op == OP_EMPTY_CACHE and need > peak)
+
     def recorded_reserved_at(self, event_index: int) -> int:
         """Reserved bytes implied by recorded segment events before ``event_index``."""
         return self.recorded_reserved_before([event_index])[0]
