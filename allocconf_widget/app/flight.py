@@ -174,7 +174,13 @@ def verdict(capture: OomCapture, kernel: AllocConf | None = None) -> Verdict:
     Raises:
         SnapshotError: the snapshot holds no usable trace.
     """
-    from allocconf_widget.app.simulate import SimulationRequest, TraceSource, recorded_release, simulate
+    from allocconf_widget.app.simulate import (
+        SimulationRequest,
+        TraceSource,
+        recorded_release,
+        recorded_window_note,
+        simulate,
+    )
 
     source = TraceSource(capture.snapshot, "the flight recorder's window",
                          recorded_release(capture.torch_version), capture.device_total,
@@ -216,9 +222,10 @@ def verdict(capture: OomCapture, kernel: AllocConf | None = None) -> Verdict:
     else:
         sureness = ("unchecked: the replay reproduced the OOM, but the window holds no segment "
                     "events to check the model against")
-    notes = [*report.all_notes(),
-             f"peaks cover the recorded window ({report.num_events:,} events, up to the request "
-             "that failed); what the run needs after it was never seen"]
+    notes = list(report.all_notes())
+    window = recorded_window_note(report.num_events)
+    if not any(window in note for note in notes):  # the report says it where the window has the oom
+        notes.append(window)
     return Verdict(_limit(capture), allocated, tuple(winners), tuple(losers), sureness,
                    report.num_events, tuple(notes), current)
 

@@ -405,6 +405,13 @@ class SimulationReport:
         return docs
 
 
+def recorded_window_note(num_events: int) -> str:
+    """Said wherever a replay covers a run only up to the request that failed and ended it:
+    a setting that serves that request gets past the crash, into what nobody recorded."""
+    return (f"peaks cover the recorded window ({num_events:,} events, up to the request that "
+            "failed); what the run needs after it was never seen")
+
+
 def _undecided_releases_note(count: int) -> str:
     """What a replay without the device's memory does with release bursts only a limit decides."""
     bursts = "release burst" if count == 1 else "release bursts"
@@ -488,6 +495,9 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
                        "other settings are replayed as if switched now, keeping these segments")
     elif trace.initial_note:
         notes.append(trace.initial_note)
+    if trace.ends_at_its_oom():
+        notes.append("the recording ends at the OOM that ended the program: "
+                     + recorded_window_note(trace.num_events))
     if trace.partial:
         notes.append(f"the trace is partial: {trace.unknown_frees:,} frees of memory allocated before "
                      "it began (ring buffer full); predictions cover only the recorded window")

@@ -310,6 +310,8 @@ class Engine:
             program_catches_ooms=trace.program_catches_ooms(),
             oom_fatal=self.oom is not None and not trace.program_catches_ooms(),
             path_changes_at=self.first_avoided if trace.program_catches_ooms() else None,
+            outlives_recording=(self.oom is None and self.recorded_ooms_avoided > 0
+                                and trace.ends_at_its_oom()),
             largest_segment_bytes=self.largest_segment,
         )
 

@@ -235,6 +235,9 @@ class SimResult:
     #: a program that catches its OOMs would not fail the recorded request at this event (it
     #: fits here), so its handler would not run and it takes a path the recording does not show
     path_changes_at: int | None = None
+    #: the recording ends at the OOM that ended the program (``Trace.ends_at_its_oom``) and this
+    #: replay served that request: it got past the crash, into a part of the run never recorded
+    outlives_recording: bool = False
     #: (low, high) peak reserved when ``record_stream`` frees complete as early / as late as
     #: the recording allows (:mod:`.timing`); None: timing cannot change the peak
     peak_reserved_range: tuple[int, int] | None = None
@@ -291,8 +294,12 @@ class SimResult:
             if self.handler_decides or not self.oom.recorded:
                 return "yes; the program catches it and its handler decides what follows"
             return "caught, as recorded"
-        said = "no" if self.fidelity is not None and self.fidelity.confident else \
-            "no (unverified: see the self-check)"
+        confident = self.fidelity is not None and self.fidelity.confident
+        if self.outlives_recording:  # "no" would promise the part of the run nobody recorded
+            said = ("past the recorded OOM; the rest of the run was never recorded"
+                    + ("" if confident else " (unverified: see the self-check)"))
+            return said + ("; the latest GPU timing runs out" if self.timing_oom else "")
+        said = "no" if confident else "no (unverified: see the self-check)"
         return said + ("; the latest GPU timing runs out" if self.timing_oom else "")
 
     def with_fidelity(self, fidelity: Fidelity | None) -> SimResult:
@@ -322,6 +329,7 @@ class SimResult:
             "oom_fatal": self.oom_fatal,
             "program_catches_ooms": self.program_catches_ooms,
             "path_changes_at": self.path_changes_at,
+            "outlives_recording": self.outlives_recording,
             "peak_reserved_range_bytes": list(self.reserved_range),
             "timing_oom": self.timing_oom,
             "recorded_ooms": self.recorded_ooms,

@@ -231,6 +231,13 @@ class Trace:
             object.__setattr__(self, "_catches_ooms", cached)
         return cached
 
+    def ends_at_its_oom(self) -> bool:
+        """The program died of an out-of-memory error the trace records: an ``oom`` entry with
+        nothing allocated after it (the run, or its recording, ended there). A setting that
+        serves that request is replayed only up to it: what the program would have allocated
+        next was never recorded."""
+        return bool(self.ooms) and not self.program_catches_ooms()
+
     @property
     def initial_reserved_bytes(self) -> int:
         """Reserved bytes when the trace begins (0 unless it starts from a known state)."""
