@@ -412,15 +412,18 @@ def recorded_window_note(num_events: int) -> str:
             "failed); what the run needs after it was never seen")
 
 
-def _undecided_releases_note(count: int) -> str:
-    """What a replay without the device's memory does with release bursts only a limit decides."""
+def _undecided_releases_note(count: int, *, device_known: bool) -> str:
+    """What a replay does with release bursts only the run's unknown limit could decide."""
     bursts = "release burst" if count == 1 else "release bursts"
-    verb = "was" if count == 1 else "were"
+    verb, pronoun = ("was", "it is") if count == 1 else ("were", "they are")
+    full = ("the run was at a memory fraction this snapshot does not record" if device_known
+            else "the device was full there")
+    give = ("give --fraction if the run had one" if device_known
+            else "give --device-total, and --fraction if the run had one")
     return (f"{count:,} {bursts} right before a new segment {verb} either malloc's out-of-memory path "
-            "(the device was full there) or a call of empty_cache(); with the device's memory "
-            f"unknown {'it is' if count == 1 else 'they are'} replayed as empty_cache() under every "
-            "setting, which frees the cache there, so a setting that would not have filled the "
-            "device can be predicted low (give --device-total)")
+            f"({full}) or a call of empty_cache(); {pronoun} replayed as empty_cache() under every "
+            "setting, which frees the cache there, so a setting that would not have reached that "
+            f"limit can be predicted low ({give})")
 
 
 def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest(),
@@ -469,10 +472,20 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
     if device_total is None:
         notes.append("device capacity unknown: the device is treated as unlimited, so no OOM can "
                      "be predicted (give --device-total)")
-        undecided = trace.releases_a_limit_decides()
+    # the fraction the recording ran under: the one its sidecar or session knows (none
+    # included), else the one in force; a row's fraction that differs is a what-if
+    known_fraction = (source.fraction if source.fraction is not None else read_fraction) \
+        if source.limit_known else fraction
+    recording_fraction = _recording_fraction(trace, known_fraction, device_total, notes)
+    recorded_limit = (None if device_total is None
+                      else _limit_of(recording_fraction, device_total, non_pytorch))
+    if recorded_limit is not None:  # every row tells malloc's OOM path by the recording's limit
+        trace = trace.with_recorded_limit(recorded_limit)
+    if not (source.limit_known or request.fraction is not None or read_fraction is not None
+            or room.held is not None):  # nothing says what limit the run had
+        undecided = trace.releases_a_limit_decides(up_to=recorded_limit)
         if undecided:
-            notes.append(_undecided_releases_note(undecided))
-    recording_fraction = _recording_fraction(trace, fraction, device_total, notes)
+            notes.append(_undecided_releases_note(undecided, device_known=device_total is not None))
     version, version_note = source.torch_version, None
     if version is None:
         choice = trace_torch_version(source.snapshot, trace, device_total=device_total,
@@ -558,6 +571,13 @@ def _with_gc_start_note(report: SimulationReport, trace: Trace) -> SimulationRep
             "snapshot, so the replay takes them as idle equally long: rows with garbage collection "
             "may be a few percent off (docs/simulator.md, \"Traces that start mid-run\")")
     return dataclasses.replace(report, notes=(*report.notes, note))
+
+
+def _limit_of(fraction: float | None, device_total: int, non_pytorch: int) -> int:
+    """The memory a run could reserve: its fraction's share of the device, within what is
+    usable beside the memory outside PyTorch (as the replay's rules take it)."""
+    usable = max(device_total - non_pytorch, 0)
+    return usable if fraction is None else min(int(fraction * device_total), usable)
 
 
 def _recording_fraction(trace: Trace, fraction: float | None, device_total: int | None,

@@ -216,7 +216,8 @@ def test_allocconf_simulate_on_the_saved_pickle_agrees_with_the_card(view, tmp_p
     rows = {line.split("  ")[0].strip(): line for line in run.stdout.splitlines() if "GiB" in line}
     assert "at event" in rows["(torch defaults) [current]"]  # the OOM, as recorded
     # what the card said: it serves the failed request; the window ends there, and both say so
-    assert rows[winner.conf].rstrip().endswith("past the recorded OOM; the rest of the run was never recorded")
+    said = "past the recorded OOM; the rest of the run was never recorded"
+    assert rows[winner.conf].rstrip().endswith(said)
     assert "the recording ends at the OOM that ended the program" in run.stderr
 
 

@@ -32,9 +32,12 @@ def _burst_then_segment(later_peak: int = 0) -> TraceBuilder:
     return b
 
 
-def _report(b: TraceBuilder, device_total: int | None) -> SimulationReport:
-    source = TraceSource(b.snapshot(), "built", TorchVersion(2, 11), device_total, 0)
-    return simulate(source, SimulationRequest(confs=("", "max_split_size_mb:20"), workers=1))
+def _report(b: TraceBuilder, device_total: int | None, *, limit_known: bool = False,
+            fraction: float | None = None) -> SimulationReport:
+    source = TraceSource(b.snapshot(), "built", TorchVersion(2, 11), device_total, 0,
+                         limit_known=limit_known)
+    return simulate(source, SimulationRequest(confs=("", "max_split_size_mb:20"), fraction=fraction,
+                                              workers=1))
 
 
 def _said(report: SimulationReport) -> list[str]:
@@ -45,13 +48,22 @@ def test_without_the_device_a_user_is_told_the_burst_was_taken_as_empty_cache():
     report = _report(_burst_then_segment(), device_total=None)
     (note,) = _said(report)
     assert note.startswith("1 release burst right before a new segment was either")
-    assert "replayed as empty_cache()" in note and "--device-total" in note
+    assert "(the device was full there)" in note and "replayed as empty_cache()" in note
+    assert "give --device-total, and --fraction if the run had one" in note
     assert report.fidelity is not None and report.fidelity.exact  # the recording replays as it was
 
 
-def test_the_device_decides_it_and_nothing_is_said():
+def test_with_the_device_only_an_unrecorded_fraction_could_have_made_it_mallocs():
+    (note,) = _said(_report(_burst_then_segment(), device_total=1 << 40))
+    assert "a memory fraction this snapshot does not record" in note and "give --fraction" in note
+    # 100 MiB did not fit on an 80 MiB device: malloc's own, decided, nothing to say
     assert not _said(_report(_burst_then_segment(), device_total=80 * MiB))
-    assert not _said(_report(_burst_then_segment(), device_total=1 << 40))
+
+
+def test_a_known_limit_decides_it_and_nothing_is_said():
+    """A sidecar or session that knows the run's fraction (none included), or a fraction given."""
+    assert not _said(_report(_burst_then_segment(), device_total=1 << 40, limit_known=True))
+    assert not _said(_report(_burst_then_segment(), device_total=1 << 40, fraction=0.5))
 
 
 def test_a_burst_the_recorded_peak_decides_needs_no_note():

@@ -820,11 +820,17 @@ def _recorded_limit(trace: Trace, rules: EngineRules) -> int | None:
     else the usable device) is taken as the recorded one unless the recorded run
     reserved more than it allows: then the run was not recorded under it (a what-if
     of a smaller fraction), and the usable device is the limit, if the run fits in it.
+    Where the caller knows the recording's own limit (:attr:`Trace.recorded_limit_bytes`: a
+    sidecar's fraction, the device) that one decides, in every row: a row under another
+    fraction asks what that limit would do, not what the recording did.
     """
+    peak = trace.recorded_reserved_peak()
+    known = trace.recorded_limit_bytes
+    if known is not None and peak <= known:
+        return known  # the caller knows the recording's limit: a row's own is a what-if
     limit = _replay_limit(rules)
     if limit is None:
         return None
-    peak = trace.recorded_reserved_peak()
     if peak <= limit:
         return limit
     return rules.usable if rules.usable is not None and peak <= rules.usable else None

@@ -140,6 +140,10 @@ class Trace:
     limit_changes: int = 0
     #: recorded calls with no row to place them by (a trace without times, or after its end)
     unplaced_limit_changes: int = 0
+    #: the memory limit the recording ran under (its fraction's, else the usable device), where
+    #: the caller knows it: it tells malloc's out-of-memory path from ``empty_cache()`` in every
+    #: row, whatever limit the row itself applies (``engine._recorded_limit``); None: unknown
+    recorded_limit_bytes: int | None = None
 
     def caveats(self) -> tuple[str, ...]:
         """What the replay cannot model faithfully in this trace, for people.
@@ -195,11 +199,23 @@ class Trace:
             object.__setattr__(self, "_columns", cached)
         return cached
 
+    def with_recorded_limit(self, limit: int | None) -> Trace:
+        """This trace, knowing the limit its recording ran under (:attr:`recorded_limit_bytes`).
+        Kept per limit on this trace: the panel asks again on every Compare, and a copy would
+        build its replay columns and timing orders again."""
+        if limit == self.recorded_limit_bytes:
+            return self
+        copies: dict[int | None, Trace] = self.__dict__.setdefault("_limited", {})
+        if limit not in copies:
+            copies[limit] = dataclasses.replace(self, recorded_limit_bytes=limit)
+        return copies[limit]
+
     def __getstate__(self) -> dict[str, Any]:
         """Pickle without the cached lists (workers rebuild them from the arrays)."""
         state = dict(self.__dict__)
         state.pop("_columns", None)
         state.pop("_timing", None)
+        state.pop("_limited", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -266,16 +282,18 @@ class Trace:
             peak = max(peak, reserved)
         return peak
 
-    def releases_a_limit_decides(self) -> int:
+    def releases_a_limit_decides(self, up_to: int | None = None) -> int:
         """Release bursts right before a new segment that only the run's memory limit tells
         from ``empty_cache()``: the new segment would have taken reserved memory past the
-        recorded peak. (One that stayed within it fitted under any limit the run had, so malloc's
-        out-of-memory path did not release: it was ``empty_cache()``.)"""
+        recorded peak (and not past ``up_to``, a limit taken as the run's, which calls those
+        beyond it malloc's). One that stayed within the peak fitted under any limit the run
+        had, so malloc's out-of-memory path did not release: it was ``empty_cache()``."""
         if not self.ambiguous_releases:
             return 0
         peak = self.recorded_reserved_peak()
+        top = math.inf if up_to is None else up_to
         return sum(1 for op, need in zip(self.ops, self.sizes, strict=True)
-                   if op == OP_EMPTY_CACHE and need > peak)
+                   if op == OP_EMPTY_CACHE and peak < need <= top)
 
     def recorded_reserved_at(self, event_index: int) -> int:
         """Reserved bytes implied by recorded segment events before ``event_index``."""
