@@ -9,18 +9,20 @@ from __future__ import annotations
 _MAX_MESSAGE = 2000
 
 
-def printable(text: str, limit: int = _MAX_MESSAGE) -> str:
+def printable(text: str, limit: int = _MAX_MESSAGE, *, newlines: bool = True) -> str:
     """``text`` safe to show: control characters escaped, and cut to ``limit`` characters.
 
     Every message that quotes user or file input goes through this, so a NUL or an
     escape sequence never reaches a terminal raw, and a huge value never builds a huge line.
+    ``newlines=False`` escapes newlines too, for a name that must stay on its one line (a
+    folder named with one could forge a line of its own).
     """
     if len(text) > limit:
         text = f"{text[:limit]}… ({len(text) - limit} more characters)"
     if text.isprintable():
         return text
-    return "".join(c if c.isprintable() or c == "\n" else f"\\x{ord(c):02x}" if ord(c) < 256
-                   else f"\\u{ord(c):04x}" for c in text)
+    return "".join(c if c.isprintable() or (newlines and c == "\n") else f"\\x{ord(c):02x}"
+                   if ord(c) < 256 else f"\\u{ord(c):04x}" for c in text)
 
 
 

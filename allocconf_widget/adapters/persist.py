@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from allocconf_widget._errors import AllocConfError, AllocConfWarning
+from allocconf_widget._errors import AllocConfError, AllocConfWarning, printable
 from allocconf_widget.core.config.conf import AllocConf, parse_conf
 from allocconf_widget.core.units import format_bytes
 from allocconf_widget.core.untrusted import NotRegularFileError, read_regular_file
@@ -63,9 +63,11 @@ class SavedSettings:
 
     def describe_source(self) -> str:
         """``this project's settings (<dir>) in <file>`` / ``the global default in <file>``."""
+        # a folder name can hold escape sequences and newlines (git allows them): never raw
         if self.scope == "project":
-            return f"this project's saved settings ({self.project}) in {self.path}"
-        return f"the global default in {self.path}"
+            return (f"this project's saved settings ({printable(str(self.project), 300, newlines=False)}) in "
+                    f"{printable(str(self.path), 300, newlines=False)}")
+        return f"the global default in {printable(str(self.path), 300, newlines=False)}"
 
 
 MAX_FILE_BYTES = 64 * 1024  # a real settings file is ~200 bytes; anything near this is not ours
@@ -121,7 +123,13 @@ def project_dir(cwd: Path | None = None) -> Path:
     """The folder whose notebooks share saved settings (see the module docstring)."""
     override = os.environ.get(PROJECT_ENV)
     if override:
-        chosen = Path(override).expanduser()
+        try:
+            chosen = Path(override).expanduser()
+        except (RuntimeError, KeyError, OSError) as exc:  # "~nosuchuser/x", or "~" with no home
+            raise NoConfigDirError(
+                f"{PROJECT_ENV}={printable(override, 120, newlines=False)} names a home directory "
+                f"that cannot be found ({exc}); give the project folder as an absolute path, or unset "
+                f"{PROJECT_ENV}") from None
         return chosen if chosen.is_absolute() else _cwd() / chosen
     start = (_cwd() if cwd is None else cwd).absolute()
     try:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from allocconf_widget._errors import AllocConfError, printable
+from allocconf_widget.core.units import MIB
 from allocconf_widget.core.versions import TorchVersion, installed_torch_version, simulated_release
 
 if TYPE_CHECKING:
@@ -450,6 +451,10 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
     if fraction is not None and not 0.0 <= fraction <= 1.0:
         raise AllocConfError(f"a memory fraction must be between 0 and 1, not {fraction}",
                              fix="pass e.g. 0.5 for half of the device")
+    if fraction is not None and (fraction == 0.0 or (source.device_total is not None
+                                                     and fraction * source.device_total < MIB)):
+        raise AllocConfError(f"a memory fraction of {fraction:g} leaves less than 1 MiB of the device: "
+                             "every allocation would fail", fix="pass e.g. 0.5 for half of the device")
     if source.device_total is None and source.non_pytorch_bytes:
         notes.append(f"the memory outside PyTorch ({format_bytes(source.non_pytorch_bytes)}) is not "
                      "used: it is a share of the device's memory, which is not known (give the "

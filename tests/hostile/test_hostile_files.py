@@ -131,3 +131,35 @@ def test_a_zero_max_split_in_the_recorded_text_replays_as_no_limit():
     settings = SimSettings.from_allocator_settings(
         {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:0,large_segment_size_mb:0"}, (2, 11))
     assert settings.max_split_bytes is None and settings.large_segment_bytes > 0
+
+
+def _tarred(payload: bytes) -> bytes:
+    import io
+    import tarfile
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        info = tarfile.TarInfo("run.pickle")
+        info.size = len(payload)
+        tar.addfile(info, io.BytesIO(payload))
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(("pack", "named"), [
+    ("bz2", "bzip2-compressed"), ("lzma", "xz-compressed"), ("tar", "a tar archive")])
+def test_a_snapshot_sent_compressed_another_way_is_named_not_called_an_attack(tmp_path, pack, named):
+    """A bzip2 file was read as a pickle whose first opcode asks for a 0.8 GB bytes object, and
+    refused as "built to exhaust memory" (an attack pass, round 18)."""
+    import bz2
+    import lzma
+
+    from allocconf_widget._errors import SnapshotError
+
+    raw = valid_snapshot()
+    data = {"bz2": bz2.compress, "lzma": lzma.compress, "tar": _tarred}[pack](raw)
+    path = tmp_path / "run.pickle.x"
+    path.write_bytes(data)
+    with pytest.raises(SnapshotError) as caught:
+        load_snapshot(path)
+    said = str(caught.value)
+    assert named in said and "decompress it first" in said and "exhaust" not in said

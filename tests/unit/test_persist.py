@@ -162,3 +162,23 @@ def test_no_home_directory_is_a_clear_error_not_a_crash(monkeypatch):
     with pytest.raises(persist.NoConfigDirError, match="XDG_CONFIG_HOME"):
         persist.settings_path()
     assert persist.load("2.13") is None
+
+
+# ------------------------------------------------------------------ an attack pass (round 18)
+def test_a_project_dir_under_an_unknown_users_home_is_named_with_its_fix(monkeypatch):
+    """``~nosuchuser/proj`` (or ``~`` with no home) raised a bare RuntimeError that every
+    command reported as "the input could not be processed"."""
+    monkeypatch.setenv(persist.PROJECT_ENV, "~no_such_user_allocconf_zz/proj")
+    with pytest.raises(persist.NoConfigDirError) as caught:
+        persist.project_dir()
+    said = str(caught.value)
+    assert persist.PROJECT_ENV in said and "absolute path" in said
+
+
+def test_a_project_folder_named_with_escapes_and_a_newline_stays_on_one_inert_line(tmp_path):
+    folder = tmp_path / "proj\x1b[2J\x1b[31mEVIL\nFAKE: line"
+    saved = persist.SavedSettings(parse_conf("expandable_segments:True"), "2.11", "now",
+                                  tmp_path / "x.json", scope="project", project=folder)
+    shown = saved.describe_source()
+    assert "\x1b" not in shown and "\n" not in shown
+    assert "\\x1b[2J" in shown and "\\x0aFAKE: line" in shown

@@ -195,6 +195,20 @@ def _read_bytes(source: str | os.PathLike[str] | bytes | IO[bytes], limit: int) 
     return data
 
 
+#: leading bytes of archives and compressors a snapshot is sometimes sent in, besides gzip
+_CONTAINERS = ((b"BZh", "bzip2-compressed"), (b"\xfd7zXZ\x00", "xz-compressed"),
+               (b"\x28\xb5\x2f\xfd", "zstd-compressed"), (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive"))
+
+
+def _other_container(data: bytes) -> str | None:
+    """What compressed or archived ``data`` is, where it is one of those, else None. (No pickle
+    of a snapshot starts so: its first opcode is PROTO, or a dict's or list's.)"""
+    for magic, name in _CONTAINERS:
+        if data.startswith(magic):
+            return name
+    return "a tar archive" if data[257:262] == b"ustar" else None
+
+
 def _not_a_pickle_hint(data: bytes) -> str:
     head = data[:64].lstrip()
     if head[:2] == b"PK":
@@ -404,6 +418,11 @@ def _load(source: str | os.PathLike[str] | bytes | IO[bytes], derive: Callable[[
         data = gunzip_bounded(data, what, limits.max_bytes)
         if not data:
             raise SnapshotError(f"the gzip-compressed {what} contains nothing (0 bytes)")
+    container = _other_container(data)
+    if container is not None:  # before the unpickler reads "BZh9" as a 0.8 GB bytes object
+        raise SnapshotError(f"the {what} is {container}, not a pickle: decompress it first "
+                            "(a gzip-compressed .pickle.gz is read as it is)")
+
     def check(obj: object) -> None:
         check_structure(obj, what, limits)
         check_fields(_as_snapshot(obj))

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from difflib import SequenceMatcher
 from typing import TYPE_CHECKING, Any
 
+from allocconf_widget.core.sim.alignment import matched_in_order
 from allocconf_widget.core.sim.trace import SEG_NAMES
 
 if TYPE_CHECKING:
@@ -355,9 +355,10 @@ def compare_segments(
 ) -> Fidelity:
     """Compare the simulator's own segment events with the trace's, in order.
 
-    The alignment uses :class:`difflib.SequenceMatcher` on (kind, size) pairs:
-    linear-ish on the long identical runs a faithful replay produces, and
-    tolerant of a local difference without scoring everything after it as lost.
+    The alignment is difflib's on (kind, size) pairs, within a work budget
+    (:func:`.alignment.matched_in_order`): near-linear on the long identical runs a faithful
+    replay produces, and tolerant of a local difference without scoring everything after it
+    as lost.
     """
     rec = list(zip(trace.seg_kinds, trace.seg_sizes, strict=True))
     sim = [(kind, size) for _, kind, _, size in simulated]
@@ -366,11 +367,7 @@ def compare_segments(
     while prefix < limit and rec[prefix] == sim[prefix]:
         prefix += 1
     exact = prefix == len(rec) == len(sim)
-    if exact:
-        matched = prefix
-    else:
-        tail = SequenceMatcher(None, rec[prefix:], sim[prefix:], autojunk=False)
-        matched = prefix + sum(block.size for block in tail.get_matching_blocks())
+    matched = prefix if exact else prefix + matched_in_order(rec[prefix:], sim[prefix:])
     divergence = None
     # a trace with no segment events that starts from an empty allocator (a dry run) has
     # nothing to diverge from: a real run from empty always makes segments, so it recorded none

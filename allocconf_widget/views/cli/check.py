@@ -95,9 +95,10 @@ def _check_env(args: argparse.Namespace, report: Any) -> int:
     problems = [{"code": p.code, "variable": p.variable, "message": p.message}
                 for p in report.problems]
     if args.json:
-        print(json.dumps({"torch_version": str(report.version), "set": report.set_vars,
-                          "generic_from": report.generic_from, "device_from": report.device_from,
-                          "problems": problems}))
+        print(json.dumps(_valid_unicode({
+            "torch_version": str(report.version), "set": report.set_vars,
+            "generic_from": report.generic_from, "device_from": report.device_from,
+            "problems": problems})))
     else:
         if not report.set_vars:
             print(f"no allocator variable is set: torch {report.version} uses its defaults")
@@ -106,3 +107,16 @@ def _check_env(args: argparse.Namespace, report: Any) -> int:
         for problem in report.problems:
             print(f"problem: {problem}", file=sys.stderr)
     return 2 if any(p.code == "invalid" for p in report.problems) else 0
+
+
+def _valid_unicode(value: Any) -> Any:
+    """``value`` with every string made valid Unicode: an environment variable holding bytes
+    that are not UTF-8 reaches Python as lone surrogates (``\\udcff``), which strict JSON
+    readers refuse; such a byte is written ``\\xff`` instead."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    if isinstance(value, dict):
+        return {_valid_unicode(k): _valid_unicode(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_valid_unicode(v) for v in value]
+    return value

@@ -10,6 +10,7 @@ dependencies are loaded.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -55,6 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code (0 ok, 2 bad input, 1 other failure, 130
     interrupted: Ctrl-C during a long what-if ends it with one line, not a 40-line traceback;
     so does one while the parser is being built, the command's first tenth of a second)."""
+    _tolerate_narrow_encodings()
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -76,6 +78,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"error: {unexpected_error(exc)}", file=sys.stderr)
         return 2
+
+
+def _tolerate_narrow_encodings() -> None:
+    """Write what the terminal's or file's encoding lacks as an escape (``\\u2212``), never fail.
+
+    The tables say "1 − alloc/res" and "—": on Windows a redirected ``allocconf simulate >
+    out.txt`` writes cp1252, which has no "−", and Python raised UnicodeEncodeError halfway
+    through the table, reported as a bad input file."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)  # a TextIOWrapper; a test's capture may not be
+        if reconfigure is not None:
+            with contextlib.suppress(ValueError, OSError):  # closed, or a stream that refuses
+                reconfigure(errors="backslashreplace")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -188,7 +188,7 @@ class _Progress:
 
 def _sizes(args: argparse.Namespace) -> tuple[int | None, int | None]:
     try:
-        total = parse_size(args.device_total) if args.device_total else None
+        total = parse_size(args.device_total) if args.device_total is not None else None  # '' too
         other = parse_size(args.non_pytorch) if args.non_pytorch is not None else None
     except ValueError as exc:
         raise _BadInputError(str(exc)) from None
