@@ -54,6 +54,10 @@ from allocconf_widget.core.sim.state import (
 )
 from allocconf_widget.core.versions import TorchVersion, parse_version
 
+#: (memory pool, stream) pairs a trace may allocate on: each costs every replay two free lists
+#: (an attack pass: a new stream per entry cost 14 KiB and 0.5 ms per entry per setting)
+MAX_LANES = 4096
+
 OP_ALLOC = 0
 OP_FREE = 1  # free_requested + free_completed at once
 OP_FREE_REQUESTED = 2  # allocated drops; block stays unusable (record_stream)
@@ -777,6 +781,11 @@ class _Decoder:
         key = (pool, stream)
         lane = self.lane_ids.get(key)
         if lane is None:
+            if len(self.lane_keys) >= MAX_LANES:
+                raise SnapshotError(
+                    f"the trace allocates on more than {MAX_LANES:,} (memory pool, stream) pairs; a "
+                    "real program uses a few dozen (torch hands out streams from a fixed pool of 32 "
+                    "per priority), and every replay would build free lists for each: refused")
             lane = self.lane_ids[key] = len(self.lane_keys)
             self.lane_keys.append(key)
         return lane
