@@ -184,7 +184,8 @@ def verdict(capture: OomCapture, kernel: AllocConf | None = None) -> Verdict:
 
     source = TraceSource(capture.snapshot, "the flight recorder's window",
                          recorded_release(capture.torch_version), capture.device_total,
-                         capture.non_pytorch_bytes, device=capture.device, limit_known=True)
+                         capture.non_pytorch_bytes, device=capture.device, fraction=capture.fraction,
+                         limit_known=True)  # the fraction the window ran under: its self-check's
     report = simulate(source, SimulationRequest(rank=True, fraction=capture.fraction, kernel=kernel))
     recorded = report.recorded
     reproduced = recorded is not None and recorded.result.oom is not None
