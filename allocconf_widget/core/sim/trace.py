@@ -54,9 +54,11 @@ from allocconf_widget.core.sim.state import (
 )
 from allocconf_widget.core.versions import TorchVersion, parse_version
 
-#: (memory pool, stream) pairs a trace may allocate on: each costs every replay two free lists
-#: (an attack pass: a new stream per entry cost 14 KiB and 0.5 ms per entry per setting)
-MAX_LANES = 4096
+#: (memory pool, stream) pairs a trace may allocate on: each costs every replay two free lists,
+#: about 14 KiB (an attack pass: a new stream per entry made a 32 MiB file need gigabytes per
+#: setting). Valid traces may hold thousands: a private pool per CUDA graph or MemPool, and
+#: the hardening tests' 20,000 pools in 100,000 entries, which replay in linear time
+MAX_LANES = 65_536
 
 OP_ALLOC = 0
 OP_FREE = 1  # free_requested + free_completed at once
@@ -783,9 +785,10 @@ class _Decoder:
         if lane is None:
             if len(self.lane_keys) >= MAX_LANES:
                 raise SnapshotError(
-                    f"the trace allocates on more than {MAX_LANES:,} (memory pool, stream) pairs; a "
-                    "real program uses a few dozen (torch hands out streams from a fixed pool of 32 "
-                    "per priority), and every replay would build free lists for each: refused")
+                    f"the trace allocates on more than {MAX_LANES:,} (memory pool, stream) pairs: "
+                    "every replay builds free lists for each (about 14 KiB), so this many would take "
+                    "gigabytes; programs use a few dozen streams and, with CUDA graphs or memory "
+                    "pools, thousands of pools at most: refused")
             lane = self.lane_ids[key] = len(self.lane_keys)
             self.lane_keys.append(key)
         return lane
