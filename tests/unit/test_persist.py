@@ -177,7 +177,7 @@ def test_a_project_dir_under_an_unknown_users_home_is_named_with_its_fix(monkeyp
 
 def test_a_project_folder_named_with_escapes_and_a_newline_stays_on_one_inert_line(tmp_path):
     folder = tmp_path / "proj\x1b[2J\x1b[31mEVIL\nFAKE: line"
-    saved = persist.SavedSettings(parse_conf("expandable_segments:True"), "2.11", "now",
+    saved = persist.SavedSettings(parse_conf("max_split_size_mb:128"), "2.11", "now",
                                   tmp_path / "x.json", scope="project", project=folder)
     shown = saved.describe_source()
     assert "\x1b" not in shown and "\n" not in shown
