@@ -17,7 +17,7 @@ import io
 import sys
 from typing import Any
 
-from allocconf_widget._errors import AllocConfError, RuntimeStateError, SnapshotError
+from allocconf_widget._errors import AllocConfError, RuntimeStateError, SnapshotError, printable
 from allocconf_widget.views.magic import core as magic_core
 from allocconf_widget.views.magic.commands import COMMANDS
 from allocconf_widget.views.magic.completion import register_completer, split_args
@@ -116,8 +116,7 @@ def _magics_class() -> Any:
 def one_line(text: str) -> str:
     """``text`` as exactly one terminal line: newlines, escape sequences and other control
     characters (a project folder may be named with any of them) shown escaped, never obeyed."""
-    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 256
-                   else f"\\u{ord(c):04x}" for c in text.rstrip("\n"))
+    return printable(text.rstrip("\n"), sys.maxsize, newlines=False)  # whole: never cut
 
 
 #: ``"loaded_before"``: the saved settings were re-applied when this kernel first loaded the
