@@ -18,7 +18,8 @@ setting in a fresh process on an H200 with torch 2.11, ``benchmarks/data``):
   tie-break instead of 2.11's address order: where peak or OOM differ, the
   prediction depends on where the CUDA driver put segments (``addr`` in the table).
 
-Usage: ``python benchmarks/fidelity.py [--data benchmarks/data] [--markdown] [--workloads a,b]``
+Usage: ``python benchmarks/fidelity.py [--data benchmarks/data] [--markdown] [--workloads a,b]``;
+``--data benchmarks/data/heldout`` gives the 52 held-out runs recorded in round 19 (on an H100).
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ CATCHERS = {"batchfind": "default_f3g", "batchgrow": "default_f3g"}
 #: workloads whose frees wait on other streams (record_stream): the default run's trace gives a
 #: peak range per setting, to hold every real run of that setting (repeats included)
 TIMING = {"streams", "streams2", "streams2alone", "streams3", "streams2idle", "prefetch", "d2h",
-          "buckets", "pipe2"}
+          "buckets", "pipe2", "offload"}
 
 
 def _caught_rows(workload: str, by_name: dict[str, dict]) -> list[dict]:
