@@ -32,10 +32,15 @@ from __future__ import annotations
 import dataclasses
 from array import array
 from collections.abc import Sequence
-from itertools import compress
 from typing import TYPE_CHECKING
 
-from allocconf_widget.core.sim.trace import OP_ALLOC, OP_FREE, OP_FREE_COMPLETED, OP_FREE_REQUESTED
+from allocconf_widget.core.sim.trace import (
+    OP_ALLOC,
+    OP_FREE,
+    OP_FREE_COMPLETED,
+    OP_FREE_REQUESTED,
+    rows_with,
+)
 
 if TYPE_CHECKING:
     from allocconf_widget.core.sim.trace import Trace
@@ -67,7 +72,7 @@ def _build(trace: Trace) -> TimingVariants:
     ops, aids = trace.ops, trace.addr_ids
     requested: dict[int, int] = {}  # aid -> row of its free_requested
     pair: dict[int, int] = {}  # completion row -> request row
-    for row in _rows_with(ops, (OP_FREE_REQUESTED, OP_FREE_COMPLETED)):
+    for row in rows_with(ops, (OP_FREE_REQUESTED, OP_FREE_COMPLETED)):
         if ops[row] == OP_FREE_REQUESTED:
             requested[aids[row]] = row
         else:
@@ -125,8 +130,8 @@ def _own_ids_after_reuse(trace: Trace, watched: set[int]) -> Trace:
     for aid in watched:
         is_watched[aid] = 1
     # only the rows that name a watched address: the loop below is Python, the search is not
-    for row in _rows_with(ops, (OP_ALLOC, OP_FREE, OP_FREE_REQUESTED, OP_FREE_COMPLETED),
-                          also=bytes(map(is_watched.__getitem__, aids))):
+    for row in rows_with(ops, (OP_ALLOC, OP_FREE, OP_FREE_REQUESTED, OP_FREE_COMPLETED),
+                         bytes(map(is_watched.__getitem__, aids))):
         aid = aids[row]
         op = ops[row]
         if op == OP_ALLOC:
@@ -141,17 +146,6 @@ def _own_ids_after_reuse(trace: Trace, watched: set[int]) -> Trace:
     if fresh == trace.num_addresses:
         return trace
     return dataclasses.replace(trace, addr_ids=new_ids, num_addresses=fresh)
-
-
-def _rows_with(ops: array[int], codes: tuple[int, ...], also: bytes | None = None) -> list[int]:
-    """Rows whose operation is one of ``codes`` (and, given ``also``, one byte per row, whose
-    byte there is 1), in order, found at C speed: the operations translated to a 0/1 mask,
-    ANDed with ``also`` as one integer, and ``itertools.compress``."""
-    table = bytes(1 if code in codes else 0 for code in range(256))
-    mask = ops.tobytes().translate(table)
-    if also is not None:
-        mask = (int.from_bytes(mask, "little") & int.from_bytes(also, "little")).to_bytes(len(mask), "little")
-    return list(compress(range(len(mask)), mask))
 
 
 def _rebuild(trace: Trace, moves: Sequence[tuple[int, int | None]], *, early: bool) -> Trace:

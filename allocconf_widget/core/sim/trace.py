@@ -1091,25 +1091,35 @@ def _first_entry(snapshot: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
+
+def code_mask(ops: array[int], codes: tuple[int, ...]) -> bytes:
+    """One byte per row of ``ops``: 1 where its operation is one of ``codes``, else 0
+    (a ``bytes.translate``, at C speed)."""
+    table = bytes(1 if code in codes else 0 for code in range(256))
+    return (ops.tobytes() if ops.itemsize == 1 else bytes(ops)).translate(table)
+
+
+def rows_with(ops: array[int], codes: tuple[int, ...], *also: bytes) -> list[int]:
+    """Rows whose operation is one of ``codes`` and whose byte is 1 in every ``also`` mask
+    (one byte per row), in order, found at C speed: :func:`code_mask`, ANDed with the masks
+    as integers, and ``itertools.compress``. The replay's passes over a million rows use it
+    where a Python loop over every row would cost a large share of a replay."""
+    mask = code_mask(ops, codes)
+    if also:
+        joined = int.from_bytes(mask, "little")
+        for other in also:
+            joined &= int.from_bytes(other, "little")
+        mask = joined.to_bytes(len(mask), "little")
+    return list(compress(range(len(mask)), mask))
+
+
 def _ops_marking_temporaries(ops: array[int], addr_ids: array[int]) -> list[int]:
     """``ops`` as a list, each ``OP_ALLOC`` whose ``OP_FREE`` of the same address is the next
-    row turned into ``OP_ALLOC_FREED_NEXT``. Found at C speed (three 0/1 masks ANDed as
-    integers, as ``timing._rows_with`` does): a Python loop over every row would cost a tenth
-    of a replay."""
+    row turned into ``OP_ALLOC_FREED_NEXT``."""
     out = list(ops)
-    n = len(out)
-    if n < 2:
+    if len(out) < 2:
         return out
-    raw = ops.tobytes() if ops.itemsize == 1 else bytes(ops)
-    is_alloc = raw[:-1].translate(_IS_ALLOC)
-    freed_next = raw[1:].translate(_IS_FREE)
-    same = bytes(map(int.__eq__, addr_ids, addr_ids[1:]))
-    mask = (int.from_bytes(is_alloc, "little") & int.from_bytes(freed_next, "little")
-            & int.from_bytes(same, "little")).to_bytes(n - 1, "little")
-    for row in compress(range(n - 1), mask):
+    same_address_next = bytes(map(int.__eq__, addr_ids, addr_ids[1:]))
+    for row in rows_with(ops[:-1], (OP_ALLOC,), code_mask(ops[1:], (OP_FREE,)), same_address_next):
         out[row] = OP_ALLOC_FREED_NEXT
     return out
-
-
-_IS_ALLOC = bytes(1 if code == OP_ALLOC else 0 for code in range(256))
-_IS_FREE = bytes(1 if code == OP_FREE else 0 for code in range(256))
