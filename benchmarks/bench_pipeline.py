@@ -6,8 +6,10 @@ fresh process per tree, it goes the way ``allocconf simulate FILE --conf ... --f
 takes it: ``app.simulate.file_source`` loads it (restricted unpickling, structure and field
 checks in a child process), ``extract_trace`` decodes it, and ``app.simulate.simulate``
 replays the recorded settings (the self-check) and 8 settings on ``--workers`` processes.
-Prints the wall seconds of each phase for this tree and the baseline (``--baseline REF``), and
-their ratio; on a shared machine the ratio of two runs made back to back is the number to read.
+Prints the wall seconds of each phase for this tree and the baseline (``--baseline REF``),
+the peak memory of the process and every process it started (proportional set sizes
+summed, sampled ten times a second: the issue's 1 GiB), and their ratios; on a shared
+machine the ratio of two runs made back to back is the number to read.
 
     python benchmarks/bench_pipeline.py [--events 1000000] [--baseline 5a2f9ea] [--workers 2]
                                         [--no-stream-frees]
@@ -33,7 +35,66 @@ from bench_replay_shapes import _export  # noqa: E402
 SETTINGS = ("", "expandable_segments:True", "max_split_size_mb:128", "max_split_size_mb:512",
             "roundup_power2_divisions:4", "roundup_power2_divisions:[256:1,512:2,>:8]",
             "garbage_collection_threshold:0.6", "max_split_size_mb:256,roundup_power2_divisions:4")
-PHASES = ("load", "decode", "replay 8 settings", "total")
+PHASES = ("load", "decode", "replay 8 settings", "total", "peak memory")
+
+
+def _tree_memory(root: int) -> int:
+    """Bytes the process ``root`` and its descendants hold: the sum of their proportional set
+    sizes (a page shared by a forked worker counts once in all), or of their resident sets
+    where the kernel does not say."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_bytes()
+                parents[int(entry.name)] = int(stat.rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    tree, grew = {root}, True
+    while grew:
+        more = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= more
+        grew = bool(more)
+    total = 0
+    for pid in tree:
+        try:
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
+            total += next(int(line.split()[1]) * 1024 for line in rollup if line.startswith("Pss:"))
+        except (OSError, StopIteration, ValueError):
+            try:
+                pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+                total += pages * os.sysconf("SC_PAGE_SIZE")
+            except (OSError, ValueError):
+                continue
+    return total
+
+
+class _PeakMemory:
+    """The most :func:`_tree_memory` read while the pipeline ran, sampled ten times a second
+    (Linux; 0 elsewhere)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peak = 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while True:
+            self.peak = max(self.peak, _tree_memory(os.getpid()))
+            if self.done.wait(0.1):
+                return
+
+    def __enter__(self) -> _PeakMemory:
+        if sys.platform.startswith("linux"):
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        if self.thread.is_alive():
+            self.thread.join()
 
 
 def _worker(path: str, workers: int) -> None:
@@ -42,6 +103,7 @@ def _worker(path: str, workers: int) -> None:
     from allocconf_widget.app.simulate import SimulationRequest, file_source, simulate
     from allocconf_widget.core.sim.trace import extract_trace
 
+    memory = _PeakMemory().__enter__()
     t0 = time.perf_counter()
     source = file_source(path, torch_version=(2, 11), device_total=80 * 10**9, non_pytorch_bytes=0)
     t1 = time.perf_counter()
@@ -53,10 +115,11 @@ def _worker(path: str, workers: int) -> None:
         report = simulate(source, SimulationRequest(confs=SETTINGS, fraction=0.5, workers=workers),
                           trace=trace)
     t3 = time.perf_counter()
+    memory.__exit__()
     import allocconf_widget
 
     print(json.dumps({"load": t1 - t0, "decode": t2 - t1, "replay 8 settings": t3 - t2,
-                      "total": t3 - t0, "events": trace.num_events,
+                      "total": t3 - t0, "peak memory": memory.peak / 2**20, "events": trace.num_events,
                       "peaks": [row.result.peak_reserved_bytes for row in report.rows],
                       "package": allocconf_widget.__file__}))
 
@@ -128,7 +191,10 @@ def main() -> None:
         head += f"{'baseline / this':>18}"
     print(head)
     for phase in PHASES:
-        line = f"{phase:<20}" + "".join(f"{best[name][phase]:>21.2f}s" for name, _ in trees)
+        unit = " MiB" if phase == "peak memory" else "s"
+        digits = 0 if unit == " MiB" else 2
+        line = f"{phase:<20}" + "".join(f"{best[name][phase]:>{22 - len(unit)}.{digits}f}{unit}"
+                                         for name, _ in trees)
         if len(trees) == 2:
             this, base = best[trees[0][0]][phase], best[trees[1][0]][phase]
             line += f"{base / this:>17.2f}×" if this >= 0.01 else f"{'—':>18}"

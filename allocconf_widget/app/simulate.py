@@ -18,7 +18,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
-from allocconf_widget._errors import AllocConfError, printable
+from allocconf_widget._errors import AllocConfError, SnapshotError, printable
 from allocconf_widget.core.units import MIB
 from allocconf_widget.core.versions import TorchVersion, installed_torch_version, simulated_release
 
@@ -56,7 +56,13 @@ class TraceSource:
         """The decoded trace of ``device`` (decoded now, unless the load did it already)."""
         if self.decoded is not None and self.device in (None, self.decoded.device):
             return self.decoded
+        from allocconf_widget.core.memory.snapshot import trace_cut
         from allocconf_widget.core.sim.trace import extract_trace
+
+        if trace_cut(self.snapshot, self.device):  # file_source kept its own device's decode only
+            held = "another device" if self.decoded is None else f"device {self.decoded.device}"
+            raise SnapshotError(f"{self.label} was decoded for {held} when it was loaded; load it "
+                                f"again for device {self.device}")
 
         return extract_trace(self.snapshot, self.device)
 

@@ -382,9 +382,19 @@ def load_snapshot(source: str | os.PathLike[str] | bytes | IO[bytes]) -> Snapsho
     return _load(source, None, None).snapshot
 
 
+#: the key :func:`load_snapshot_deriving` adds to a snapshot whose trace entries it did not
+#: keep (see :func:`trace_cut`): each device trace's length
+TRACES_CUT_KEY = "allocconf_traces_cut"
+
+
 @dataclass(frozen=True)
 class DerivedLoad(Generic[T]):
-    """A loaded snapshot and what the caller's ``derive`` made of it (None: derive it now)."""
+    """A loaded snapshot and what the caller's ``derive`` made of it (None: derive it now).
+
+    Where ``derived`` is there, ``snapshot`` holds every key but only the first entry of each
+    device trace (:func:`trace_cut`): the decode stands for the entries, and this process
+    never held a copy of them.
+    """
 
     snapshot: Snapshot
     derived: T | None
@@ -398,6 +408,10 @@ def load_snapshot_deriving(source: str | os.PathLike[str] | bytes | IO[bytes],
     The what-if decodes every file it loads: the decode runs in a child process while the
     checks run in another (``unpickle_guard.load_checked``), and its pickled result, read by
     ``read_derived`` (a restricted unpickler), is kept only for a file that passed them.
+    The child sends the snapshot's other keys too, each trace cut to its first entry, so this
+    process unpickles nothing more (:class:`DerivedLoad`): one unpickle fewer on the CPUs while
+    the children work, and a million-entry file no longer holds a third of a GiB of trace
+    dicts here for as long as the caller keeps the snapshot.
     ``derived`` is None where that could not be done (a file over 64 MiB, no fork, the decode
     failed): the caller derives it itself and meets any error there, worded as always.
     """
@@ -427,13 +441,61 @@ def _load(source: str | os.PathLike[str] | bytes | IO[bytes], derive: Callable[[
         check_structure(obj, what, limits)
         check_fields(_as_snapshot(obj))
 
-    derive_raw = None if derive is None else (lambda obj: derive(_as_snapshot(obj)))
+    def derive_with_head(obj: object) -> bytes:  # in the deriving child
+        assert derive is not None
+        snapshot = _as_snapshot(obj)
+        derived = pickle.dumps(derive(snapshot), protocol=pickle.HIGHEST_PROTOCOL)
+        head = pickle.dumps(_with_traces_cut(snapshot), protocol=pickle.HIGHEST_PROTOCOL)
+        return len(head).to_bytes(8, "little") + head + derived
+
+    def read_head_and_derived(payload: bytes) -> tuple[Snapshot, T]:
+        assert read_derived is not None
+        packed = _PlainDataUnpickler(io.BytesIO(payload)).load()
+        if not isinstance(packed, bytes) or len(packed) < 8:
+            raise ValueError("not a head and a derived result")
+        size = int.from_bytes(packed[:8], "little")
+        head = _PlainDataUnpickler(io.BytesIO(packed[8:8 + size])).load()
+        if not isinstance(head, dict):
+            raise ValueError("not a snapshot's head")
+        return cast(Snapshot, head), read_derived(packed[8 + size:])
+
     with paused_gc():  # millions of plain dicts, no cycles (core/gcpause.py)
         # in a forked child first: some pickles crash or exhaust the unpickler itself
-        loaded = load_checked(data, what, lambda raw: _unpickle(raw, what), check,
-                              derive=derive_raw, read_derived=read_derived)
+        if derive is None:
+            loaded = load_checked(data, what, lambda raw: _unpickle(raw, what), check)
+        else:
+            loaded = load_checked(data, what, lambda raw: _unpickle(raw, what), check,
+                                  derive=derive_with_head, read_derived=read_head_and_derived,
+                                  derived_suffices=True)
         del data
-        return DerivedLoad(_as_snapshot(loaded.obj), cast("T | None", loaded.derived))
+        if loaded.derived is None:
+            return DerivedLoad(_as_snapshot(loaded.obj), None)
+        head, derived = cast("tuple[Snapshot, T]", loaded.derived)
+        return DerivedLoad(head, derived)  # checked data: the checking child passed all of it
+
+
+def _with_traces_cut(snapshot: Snapshot) -> Snapshot:
+    """``snapshot`` with each device's trace cut to its first entry (what a reader of the
+    snapshot's facts looks at: ``core.sim.trace.guess_torch_version`` reads its keys), and
+    :data:`TRACES_CUT_KEY` giving each trace's length: what the parent of the deriving child
+    keeps, the decoded trace standing for the entries."""
+    head: dict[str, Any] = {key: value for key, value in snapshot.items() if key != "device_traces"}
+    traces: object = snapshot.get("device_traces")  # unchecked yet: the checks run beside this
+    if isinstance(traces, list):
+        listed: list[object] = traces
+        head["device_traces"] = [trace[:1] if isinstance(trace, list) else trace for trace in listed]
+        head[TRACES_CUT_KEY] = [len(trace) if isinstance(trace, list) else 0 for trace in listed]
+    return cast(Snapshot, head)
+
+
+def trace_cut(snapshot: Mapping[str, Any], device: int | None) -> bool:
+    """Whether :func:`load_snapshot_deriving` left entries of ``device``'s trace (any
+    device's: None) in the child that decoded them, its ``derived`` standing for them."""
+    lengths = snapshot.get(TRACES_CUT_KEY)
+    if not isinstance(lengths, list):
+        return False
+    counts = lengths if device is None else lengths[device:device + 1] if device >= 0 else []
+    return any(isinstance(n, int) and n > 1 for n in counts)
 
 
 def large_snapshot_note(size_bytes: int) -> str | None:

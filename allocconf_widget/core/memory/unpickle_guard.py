@@ -89,6 +89,7 @@ def check_cpu(size: int) -> int:
 class Loaded:
     """What :func:`load_checked` returns: the checked object, and what ``derive`` made of it."""
 
+    #: None where ``derived_suffices`` and the derived result came back (nothing else needed it)
     obj: object
     #: ``derive(obj)``, computed in a second child while the first one checks; None where it
     #: was not asked for, could not run (a file over :data:`OVERLAP_MAX_BYTES`, no fork) or
@@ -99,7 +100,8 @@ class Loaded:
 def load_checked(data: bytes, what: str, unpickle: Callable[[bytes], object],
                  check: Callable[[object], None], *,
                  derive: Callable[[object], object] | None = None,
-                 read_derived: Callable[[bytes], object] | None = None) -> Loaded:
+                 read_derived: Callable[[bytes], object] | None = None,
+                 derived_suffices: bool = False) -> Loaded:
     """``unpickle(data)``, refused unless ``check`` accepts the result; guarded by a child.
 
     ``derive`` (a decode the caller needs next) runs in a second forked child, on its own
@@ -109,6 +111,12 @@ def load_checked(data: bytes, what: str, unpickle: Callable[[bytes], object],
     unpickler), and only once the checks have passed: on the data they accepted, a ``derive``
     that ran early computed exactly what it would compute now. Refused data never reaches it
     here; the child that met it is killed with the first.
+
+    ``derived_suffices``: the caller needs only ``derive``'s result (it carries whatever of the
+    object the caller reads), so where that result comes back this process does not unpickle
+    the data at all, and ``obj`` is None: two processes on two cores instead of three, and no
+    second copy of a million-entry trace held for the rest of the session (docs/limits.md).
+    Where it does not come back, this process unpickles the data once the checks passed.
 
     Raises:
         SnapshotError: from ``unpickle`` or ``check`` (the child's message, word for word), or
@@ -130,6 +138,11 @@ def load_checked(data: bytes, what: str, unpickle: Callable[[bytes], object],
                                    "derived data", len(data))
             sibling = None if deriving is None else _Deriving(deriving, len(data), read_derived)
         child.expect(_UNPICKLED)
+        if sibling is not None and derived_suffices:
+            sibling.read_while_checking(child)
+            child.expect(_CHECKED)
+            derived = sibling.result()
+            return Loaded(unpickle(data)) if derived is None else Loaded(None, derived)
         if len(data) > OVERLAP_MAX_BYTES:  # one copy at a time: wait for the checks first
             child.expect(_CHECKED)
             return Loaded(unpickle(data))
