@@ -101,6 +101,23 @@ def test_another_device_of_a_file_decoded_for_one_is_refused_with_its_fix(tmp_pa
     _same(file_source(str(two), device=1).trace(), extract_trace(load_snapshot(two), 1))
 
 
+@pytest.mark.parametrize("beside", [True, False], ids=["decoded beside the checks", "decoded after"])
+def test_a_file_that_carries_the_cut_mark_itself_is_read_whole(tmp_path, monkeypatch, beside):
+    """The mark is ours: a file with that key is not taken for a cut trace on either path."""
+    whole = load_snapshot(DATA / "streams__default.pickle.gz")
+    marked = tmp_path / "marked.pickle"
+    marked.write_bytes(pickle.dumps({**whole, TRACES_CUT_KEY: [5, 9]}))
+    if not beside:  # as for a file over the overlap's size: the caller unpickles after the checks
+        monkeypatch.setattr("allocconf_widget.core.memory.unpickle_guard.OVERLAP_MAX_BYTES", 0)
+    assert TRACES_CUT_KEY not in load_snapshot(marked)
+    source = file_source(str(marked))
+    assert (source.decoded is not None) == (beside and sys.platform.startswith("linux"))
+    _same(dataclasses.replace(source, decoded=None).trace() if not beside else source.trace(),
+          extract_trace(whole, None))
+    if not beside:
+        assert source.snapshot["device_traces"] == whole["device_traces"]
+
+
 def test_a_decoded_trace_of_another_device_is_not_used():
     path = DATA / "streams__default.pickle.gz"
     source = file_source(str(path))

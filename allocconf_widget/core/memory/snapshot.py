@@ -469,7 +469,10 @@ def _load(source: str | os.PathLike[str] | bytes | IO[bytes], derive: Callable[[
                                   derived_suffices=True)
         del data
         if loaded.derived is None:
-            return DerivedLoad(_as_snapshot(loaded.obj), None)
+            whole = _as_snapshot(loaded.obj)
+            # the mark is this process's word for a cut trace: a file that carries it is whole
+            cast("dict[str, Any]", whole).pop(TRACES_CUT_KEY, None)
+            return DerivedLoad(whole, None)
         head, derived = cast("tuple[Snapshot, T]", loaded.derived)
         return DerivedLoad(head, derived)  # checked data: the checking child passed all of it
 
