@@ -379,6 +379,10 @@ class SimulationReport:
     limit_bytes: int | None = None
     #: where that cap was read off the trace's OOMs (no fraction known): the range they allow
     limit_range: tuple[int, int] | None = None
+    #: whether the recorded CPU ever got ahead of its GPU at a free waiting on another stream
+    #: (``core.sim.timing.host_ran_ahead``); False: the ranges hold only for a run paced like
+    #: the recording (:data:`HOST_KEPT_PACE_NOTE`); None: no such frees
+    host_ran_ahead: bool | None = None
 
     @property
     def current(self) -> SimulationRow | None:
@@ -408,8 +412,19 @@ class SimulationReport:
                 doc["fidelity"] = self.fidelity.to_json() if self.fidelity is not None else None
             doc["limit_bytes"] = self.limit_bytes  # the cap every row replayed under, or null
             doc["limit_read_off_ooms_bytes"] = None if self.limit_range is None else list(self.limit_range)
+            doc["recorded_cpu_ran_ahead"] = self.host_ran_ahead
             docs.append(doc)
         return docs
+
+
+#: said where every free that waited on another stream completed before the next allocation
+#: (``core.sim.timing.host_ran_ahead``): the range cannot reach above the recorded order
+HOST_KEPT_PACE_NOTE = (
+    "every free that waited on another stream (record_stream) completed before the next "
+    "allocation: the recorded run's CPU never got ahead of its GPU (a slow host, a debugger, "
+    "code that waits on the GPU), so the peaks and their ranges hold for a run paced like it. "
+    "A run whose CPU does get ahead can peak higher: one weight-streaming program peaked 3.1 times "
+    "higher so. Record a run at full speed for its range")
 
 
 def recorded_window_note(num_events: int) -> str:
@@ -447,6 +462,7 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
     from allocconf_widget.core.memory.snapshot import allocator_settings
     from allocconf_widget.core.sim.settings import SimSettings
     from allocconf_widget.core.sim.simulator import simulate_many
+    from allocconf_widget.core.sim.timing import host_ran_ahead
     from allocconf_widget.core.units import format_bytes
 
     if trace is None:
@@ -525,6 +541,9 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
     if trace.partial:
         notes.append(f"the trace is partial: {trace.unknown_frees:,} frees of memory allocated before "
                      "it began (ring buffer full); predictions cover only the recorded window")
+    ran_ahead = host_ran_ahead(trace)
+    if ran_ahead is False:
+        notes.append(HOST_KEPT_PACE_NOTE)
     usable = device_total - non_pytorch if device_total is not None else None
     limit = int(fraction * device_total) if fraction is not None and device_total is not None else None
     head = SimulationReport(source.label, trace.describe(), trace.num_events, version, device_total,
@@ -532,7 +551,8 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
                             version_note=version_note, usable_bytes=usable,
                             limit_bytes=limit if limit is not None and (usable is None or limit < usable)
                             else None,
-                            limit_range=None if room.held is None else (room.held.low, room.held.high))
+                            limit_range=None if room.held is None else (room.held.low, room.held.high),
+                            host_ran_ahead=ran_ahead)
     if request.rank:
         ranked = _ranked(head, trace, request, recorded, version, notes, device_total=device_total,
                          non_pytorch=non_pytorch, fraction=fraction, as_recorded=as_recorded,

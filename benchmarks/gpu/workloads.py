@@ -16,7 +16,9 @@ one GPU without ever approaching its capacity.
 
 from __future__ import annotations
 
+import functools
 import random
+import time
 from collections.abc import Callable
 
 import torch
@@ -848,14 +850,21 @@ WORKLOADS.update({
 })
 
 
-def offload(device: torch.device, log_step: StepLogger, steps: int = 40) -> None:
+def offload(device: torch.device, log_step: StepLogger, steps: int = 40, host: str = "ahead") -> None:
     """A two-stream program written in round 19, after the timing-range code was last changed
     (held out, as :func:`buckets`): layer weights streamed from pinned host memory, one layer
     ahead, as model-offloading libraries do for models larger than the GPU. A copy stream
     uploads layer ``i + 1``'s weights while the default stream computes layer ``i``; each
     uploaded weight is ``record_stream``-ed on the default stream and dropped by the CPU right
     after its layer is queued. Inputs of varying batch and sequence length; the output is read
-    (``.item()``) every 5 steps."""
+    (``.item()``) every 5 steps.
+
+    ``host`` (round 20) sets how far the CPU runs ahead of the GPU, nothing else: ``ahead``
+    queues as fast as Python goes; ``slow`` sleeps 5 ms after queuing each layer (a host
+    slower than the uploads, as under a debugger or a busy notebook); ``synced`` waits for the
+    GPU after each layer, so every free completes at its request (the early timing bound's
+    order, :mod:`allocconf_widget.core.sim.timing`). The allocations are the same in all
+    three."""
     _set_determinism()
     rng = random.Random(47)
     main = torch.cuda.current_stream(device)
@@ -883,6 +892,10 @@ def offload(device: torch.device, log_step: StepLogger, steps: int = 40) -> None
                     ahead = upload(i + 1)
                 x = x + nn.functional.linear(nn.functional.gelu(nn.functional.linear(x, up)), down)
                 del up, down
+                if host == "synced":
+                    torch.cuda.synchronize(device)
+                elif host == "slow":
+                    time.sleep(0.005)
             if step % 5 == 4:
                 x.float().mean().item()
             del x
@@ -890,3 +903,5 @@ def offload(device: torch.device, log_step: StepLogger, steps: int = 40) -> None
 
 
 WORKLOADS["offload"] = offload
+WORKLOADS["offload_slow"] = functools.partial(offload, host="slow")
+WORKLOADS["offload_synced"] = functools.partial(offload, host="synced")

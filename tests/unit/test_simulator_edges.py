@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from allocconf_widget.app.simulate import SimulationReport
 from allocconf_widget.core.memory.snapshot import load_snapshot
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import extract_trace, simulate
@@ -154,6 +155,68 @@ def test_a_free_waiting_on_another_stream_gives_a_range() -> None:
     assert result.peak_reserved_bytes == 60 * MiB
     assert result.reserved_range == (30 * MiB, 60 * MiB)
     assert result.to_json()["peak_reserved_range_bytes"] == [30 * MiB, 60 * MiB]
+
+
+def _report_of(b: TraceBuilder) -> SimulationReport:
+    from allocconf_widget.app.simulate import SimulationRequest, TraceSource
+    from allocconf_widget.app.simulate import simulate as simulate_source
+    from allocconf_widget.core.versions import TorchVersion
+
+    source = TraceSource(b.snapshot(), "built", TorchVersion(2, 11), None, 0)
+    return simulate_source(source, SimulationRequest(confs=("", "expandable_segments:True"), workers=1))
+
+
+def cpu_kept_pace() -> TraceBuilder:
+    """The program of :func:`one_free_waiting_on_another_stream`, recorded with a CPU that never
+    got ahead of its GPU: each free completes before the next allocation."""
+    b = TraceBuilder()
+    up, down = b.alloc(30 * MiB), b.alloc(30 * MiB)  # a layer's two weights, as `offload`'s
+    b.free_requested(up)
+    b.free_requested(down)
+    b.free_completed(up)  # at the next malloc's look at the events, before its own entry
+    b.free_completed(down)
+    b.free(b.alloc(30 * MiB))
+    return b
+
+
+def test_a_recording_whose_cpu_kept_pace_says_its_ranges_hold_for_that_pace_only() -> None:
+    """Round 20: the same weight-streaming program peaked 3.1 times higher with its CPU running
+    ahead than with a CPU that waited (a slow host): from the second's recording the range has
+    no width, and the report must not let that read as "timing cannot move this peak"."""
+    from allocconf_widget.app.simulate import HOST_KEPT_PACE_NOTE
+    from allocconf_widget.core.sim.timing import host_ran_ahead
+
+    paced = cpu_kept_pace()
+    assert host_ran_ahead(paced.build()) is False
+    report = _report_of(paced)
+    assert HOST_KEPT_PACE_NOTE in report.all_notes()
+    for doc in report.to_json():
+        assert doc["recorded_cpu_ran_ahead"] is False
+        assert doc["peak_reserved_range_bytes"] == [60 * MiB, 60 * MiB]
+    ahead = _report_of(one_free_waiting_on_another_stream())
+    assert HOST_KEPT_PACE_NOTE not in ahead.all_notes()
+    assert {doc["recorded_cpu_ran_ahead"] for doc in ahead.to_json()} == {True}
+    plain = TraceBuilder()
+    plain.free(plain.alloc(30 * MiB))
+    assert {doc["recorded_cpu_ran_ahead"] for doc in _report_of(plain).to_json()} == {None}
+
+
+def test_a_completion_after_other_frees_but_before_the_next_allocation_kept_pace() -> None:
+    from allocconf_widget.core.sim.timing import host_ran_ahead
+
+    b = TraceBuilder()
+    x, z = b.alloc(30 * MiB), b.alloc(2 * MiB)
+    b.free_requested(x)
+    b.free(z)  # a free between the request and its completion is no allocation
+    b.free_completed(x)
+    assert b.build().deferred_frees
+    b.free(b.alloc(30 * MiB))
+    assert host_ran_ahead(b.build()) is False
+    w = b.alloc(4 * MiB)
+    b.free_requested(w)
+    b.free(b.alloc(4 * MiB))
+    b.free_completed(w)  # one completion past an allocation is enough
+    assert host_ran_ahead(b.build()) is True
 
 
 def test_the_late_order_does_not_wait_for_an_address_the_recording_reused() -> None:

@@ -88,6 +88,30 @@ def _build(trace: Trace) -> TimingVariants:
     return TimingVariants(early, late)
 
 
+def host_ran_ahead(trace: Trace) -> bool | None:
+    """Whether any free that waited on another stream completed only after a later allocation:
+    the CPU had run ahead of the GPU there. None where no free waits on another stream.
+
+    Where none did, every such free completed before the next allocation, the late order is the
+    recorded one and the range has no width: the recorded run's CPU kept pace with its GPU (a
+    slow host, a debugger, a cell that waits on the GPU) and says nothing of a run whose CPU
+    does get ahead. The same weight-streaming program, identical in every allocation, peaked
+    at 0.96 GiB with its host paced that way and at 2.97 GiB without (docs/fidelity.md).
+    """
+    if not trace.deferred_frees:
+        return None
+    ops, aids = trace.ops, trace.addr_ids
+    requested: dict[int, int] = {}
+    for row in rows_with(ops, (OP_FREE_REQUESTED, OP_FREE_COMPLETED)):
+        if ops[row] == OP_FREE_REQUESTED:
+            requested[aids[row]] = row
+        else:
+            start = requested.pop(aids[row], None)
+            if start is not None and OP_ALLOC in ops[start + 1:row]:
+                return True
+    return False
+
+
 #: The late order's lag: this many times the recording's longest wait, in rows. One run's
 #: longest wait predicts another's poorly: among identical runs of our two-stream programs on
 #: the H200 it varied up to 6× (20× on a shared GPU), so no factor bounds it. Twice the recorded
