@@ -46,10 +46,11 @@ _CODE = textwrap.dedent("""
 """)
 
 
-def _run_fresh(code: str) -> dict:
-    """Run ``code`` in a fresh interpreter without allocator settings; its RESULT line."""
+def _run_fresh(code: str, *args: str) -> dict:
+    """Run ``code`` (with ``args`` as its argv) in a fresh interpreter without allocator
+    settings; its RESULT line."""
     env = {k: v for k, v in os.environ.items() if "ALLOC_CONF" not in k}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
                           check=False, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
@@ -170,3 +171,61 @@ def test_a_fraction_set_before_the_recording_is_the_one_replayed():
     assert out["sim_peak"] == out["real_peak"] <= 600 << 20, out
     assert out["sim_frees"] == out["real_frees"] >= 4, out
     assert out["limit"] is not None and abs(out["limit"] - (600 << 20)) < (1 << 20), out
+
+
+_STREAMING = textwrap.dedent("""
+    import json, sys, torch
+    from allocconf_widget.adapters.recorder import record
+    from allocconf_widget.app.simulate import HOST_KEPT_PACE_NOTE, SimulationRequest, TraceSource, simulate
+    from allocconf_widget.core.versions import TorchVersion
+    synced = sys.argv[1] == "synced"
+    dev = torch.device("cuda")
+    main, copy = torch.cuda.current_stream(), torch.cuda.Stream()
+    layers = [(torch.randn(2048, 2048).pin_memory(), torch.randn(2048, 2048).pin_memory())
+              for _ in range(6)]
+
+    def upload(i):
+        with torch.cuda.stream(copy):
+            return tuple(w.to(dev, non_blocking=True) for w in layers[i])
+
+    with record() as rec:  # weights streamed one layer ahead on a copy stream, as offloading does
+        for step in range(6):
+            x = torch.randn(4096, 2048, device=dev)
+            ahead = upload(0)
+            for i in range(len(layers)):
+                up, down = ahead
+                main.wait_stream(copy)
+                up.record_stream(main)
+                down.record_stream(main)
+                if i + 1 < len(layers):
+                    ahead = upload(i + 1)
+                for _ in range(4):
+                    x = torch.tanh(x @ up) @ down
+                del up, down
+                if synced:  # the CPU waits for the GPU: it never gets ahead
+                    torch.cuda.synchronize()
+            del x
+        torch.cuda.synchronize()
+    real = torch.cuda.memory_stats()["reserved_bytes.all.peak"]
+    version = TorchVersion(*map(int, torch.__version__.split("+")[0].split(".")[:2]))
+    source = TraceSource(rec.snapshot, "recorded", version, rec.device_total,
+                         rec.device_total - rec.free_at_start, limit_known=True)
+    report = simulate(source, SimulationRequest(confs=("",), workers=1))
+    row = report.to_json()[0]
+    print("RESULT", json.dumps({"real_peak": real, "ran_ahead": row["recorded_cpu_ran_ahead"],
+                                "range": row["peak_reserved_range_bytes"],
+                                "note": HOST_KEPT_PACE_NOTE in report.all_notes()}))
+""")
+
+
+def test_a_recording_whose_cpu_waited_says_its_range_holds_for_that_pace_only():
+    """The same weight-streaming loop recorded twice with ``%%allocconf record``'s recorder: with
+    the CPU waiting for the GPU after each layer the report says its range holds only for that
+    pace, and the run whose CPU got ahead peaks above that range (docs/fidelity.md)."""
+    synced = _run_fresh(_STREAMING, "synced")
+    ahead = _run_fresh(_STREAMING, "ahead")
+    assert synced["ran_ahead"] is False and synced["note"]
+    assert ahead["ran_ahead"] is True and not ahead["note"]
+    assert synced["range"][1] < ahead["real_peak"]
+    assert ahead["range"][0] <= ahead["real_peak"] <= ahead["range"][1]
+
