@@ -36,6 +36,10 @@ CASES = [
     (["bench_chart_payload.py"], "SVG"),
     (["fidelity.py", "--workloads", "pipe2,batchfind"], "real peaks inside their range"),
     (["address_model_study.py", "--archives", "cnn,streams"], "peak reserved exact"),
+    # the paced runs of the weight-streaming program join its own (fidelity.PACED)
+    (["fidelity.py", "--data", str(BENCH / "data" / "heldout"), "--workloads", "offload"],
+     "slow:expandable"),
+    (["unrecorded_ranges.py"], "unrecorded peaks inside their range"),
 ]
 
 
