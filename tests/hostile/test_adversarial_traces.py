@@ -133,3 +133,23 @@ def test_a_new_stream_or_pool_per_entry_is_refused_past_the_lane_limit(key: str)
     extract_trace(_snapshot([entry(i) for i in range(MAX_LANES - 1)]))  # within the limit: replays
     with pytest.raises(SnapshotError, match=r"more than 65,536 \(memory pool, stream\) pairs"):
         extract_trace(_snapshot([entry(i) for i in range(MAX_LANES + 10)]))
+
+
+def test_telling_whether_the_cpu_ran_ahead_stays_linear() -> None:
+    """100,000 frees requested, then all completed, with no allocation between: a search of
+    the rows between each request and its completion (the first way of telling whether the
+    CPU ran ahead) read 10^10 rows."""
+    from allocconf_widget.core.sim.timing import host_ran_ahead
+
+    n = 100_000
+    entries = [{"action": "alloc", "addr": BASE + i * 2 * MiB, "size": MiB, "stream": 0} for i in range(n)]
+    entries += [{"action": "free_requested", "addr": BASE + i * 2 * MiB, "size": MiB, "stream": 0}
+                for i in range(n)]
+    entries += [{"action": "free_completed", "addr": BASE + i * 2 * MiB, "size": MiB, "stream": 0}
+                for i in range(n)]
+    trace = extract_trace({"segments": [], "device_traces": [entries]})
+    assert trace.deferred_frees
+    started = time.process_time()
+    assert host_ran_ahead(trace) is False
+    seconds = time.process_time() - started
+    assert seconds < 5, f"{seconds:.1f} s of CPU to tell whether the CPU ran ahead"

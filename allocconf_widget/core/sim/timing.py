@@ -102,12 +102,16 @@ def host_ran_ahead(trace: Trace) -> bool | None:
         return None
     ops, aids = trace.ops, trace.addr_ids
     requested: dict[int, int] = {}
-    for row in rows_with(ops, (OP_FREE_REQUESTED, OP_FREE_COMPLETED)):
-        if ops[row] == OP_FREE_REQUESTED:
+    last_alloc = -1  # one pass, whatever the waits: a search between each pair went quadratic
+    for row in rows_with(ops, (OP_ALLOC, OP_FREE_REQUESTED, OP_FREE_COMPLETED)):
+        op = ops[row]
+        if op == OP_ALLOC:
+            last_alloc = row
+        elif op == OP_FREE_REQUESTED:
             requested[aids[row]] = row
         else:
             start = requested.pop(aids[row], None)
-            if start is not None and OP_ALLOC in ops[start + 1:row]:
+            if start is not None and last_alloc > start:
                 return True
     return False
 
