@@ -68,7 +68,9 @@ def timing_variants(trace: Trace) -> TimingVariants | None:
     return cached
 
 
-def _build(trace: Trace) -> TimingVariants:
+def _waits(trace: Trace) -> dict[int, int]:
+    """Each free that waited on another stream: its completion's row -> its request's row, in
+    the order of the completions."""
     ops, aids = trace.ops, trace.addr_ids
     requested: dict[int, int] = {}  # aid -> row of its free_requested
     pair: dict[int, int] = {}  # completion row -> request row
@@ -79,6 +81,12 @@ def _build(trace: Trace) -> TimingVariants:
             start = requested.pop(aids[row], None)
             if start is not None:
                 pair[row] = start
+    return pair
+
+
+def _build(trace: Trace) -> TimingVariants:
+    aids = trace.addr_ids
+    pair = _waits(trace)
     if not pair:
         return TimingVariants(trace, trace)
     completions = sorted(pair)
@@ -100,23 +108,18 @@ def host_ran_ahead(trace: Trace) -> bool | None:
     """
     if not trace.deferred_frees:
         return None
-    ops, aids = trace.ops, trace.addr_ids
+    ops = trace.ops
     codes = ops.tobytes() if ops.itemsize == 1 else bytes(ops)
     alloc = bytes([OP_ALLOC])
-    requested: dict[int, int] = {}
     # the last allocation before each completion, each row searched once (at C speed): a
     # search of the rows between each request and its completion went quadratic
     last_alloc, searched = -1, 0
-    for row in rows_with(ops, (OP_FREE_REQUESTED, OP_FREE_COMPLETED)):
-        if ops[row] == OP_FREE_REQUESTED:
-            requested[aids[row]] = row
-            continue
-        found = codes.rfind(alloc, searched, row)
+    for completed, start in _waits(trace).items():
+        found = codes.rfind(alloc, searched, completed)
         if found >= 0:
             last_alloc = found
-        searched = row
-        start = requested.pop(aids[row], None)
-        if start is not None and last_alloc > start:
+        searched = completed
+        if last_alloc > start:
             return True
     return False
 
