@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -178,34 +179,10 @@ _STREAMING = textwrap.dedent("""
     from allocconf_widget.adapters.recorder import record
     from allocconf_widget.app.simulate import HOST_KEPT_PACE_NOTE, SimulationRequest, TraceSource, simulate
     from allocconf_widget.core.versions import TorchVersion
-    synced = sys.argv[1] == "synced"
-    dev = torch.device("cuda")
-    main, copy = torch.cuda.current_stream(), torch.cuda.Stream()
-    layers = [(torch.randn(2048, 2048).pin_memory(), torch.randn(2048, 2048).pin_memory())
-              for _ in range(6)]
-
-    def upload(i):
-        with torch.cuda.stream(copy):
-            return tuple(w.to(dev, non_blocking=True) for w in layers[i])
-
-    with record() as rec:  # weights streamed one layer ahead on a copy stream, as offloading does
-        for step in range(6):
-            x = torch.randn(4096, 2048, device=dev)
-            ahead = upload(0)
-            for i in range(len(layers)):
-                up, down = ahead
-                main.wait_stream(copy)
-                up.record_stream(main)
-                down.record_stream(main)
-                if i + 1 < len(layers):
-                    ahead = upload(i + 1)
-                for _ in range(4):
-                    x = torch.tanh(x @ up) @ down
-                del up, down
-                if synced:  # the CPU waits for the GPU: it never gets ahead
-                    torch.cuda.synchronize()
-            del x
-        torch.cuda.synchronize()
+    sys.path.insert(0, sys.argv[2])
+    from workloads import offload  # weights streamed one layer ahead on a copy stream
+    with record() as rec:  # "synced": the CPU waits for the GPU after each layer, never ahead
+        offload(torch.device("cuda"), lambda step: None, steps=10, host=sys.argv[1])
     real = torch.cuda.memory_stats()["reserved_bytes.all.peak"]
     version = TorchVersion(*map(int, torch.__version__.split("+")[0].split(".")[:2]))
     source = TraceSource(rec.snapshot, "recorded", version, rec.device_total,
@@ -219,11 +196,13 @@ _STREAMING = textwrap.dedent("""
 
 
 def test_a_recording_whose_cpu_waited_says_its_range_holds_for_that_pace_only():
-    """The same weight-streaming loop recorded twice with ``%%allocconf record``'s recorder: with
+    """The benchmarks' weight-streaming program (``workloads.offload``) recorded twice with
+    ``%%allocconf record``'s recorder: with
     the CPU waiting for the GPU after each layer the report says its range holds only for that
     pace, and the run whose CPU got ahead peaks above that range (docs/fidelity.md)."""
-    synced = _run_fresh(_STREAMING, "synced")
-    ahead = _run_fresh(_STREAMING, "ahead")
+    workloads = str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu")
+    synced = _run_fresh(_STREAMING, "synced", workloads)
+    ahead = _run_fresh(_STREAMING, "ahead", workloads)
     assert synced["ran_ahead"] is False and synced["note"]
     assert ahead["ran_ahead"] is True and not ahead["note"]
     assert synced["range"][1] < ahead["real_peak"]
