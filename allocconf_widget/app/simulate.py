@@ -67,6 +67,70 @@ class TraceSource:
         return extract_trace(self.snapshot, self.device)
 
 
+@dataclass(frozen=True)
+class SourceOptions:
+    """What a user may tell a replay that the file cannot: the torch release that recorded it,
+    the device's memory, the memory outside PyTorch and the device whose trace to use. Each
+    given one overrides a sidecar's; the CLI and ``%allocconf simulate`` read their flags
+    through :meth:`parse`, so both accept and refuse the same things."""
+
+    torch_version: TorchVersion | None = None
+    device_total: int | None = None
+    non_pytorch_bytes: int | None = None
+    device: int | None = None
+
+    @classmethod
+    def parse(cls, *, torch_version: str | None = None, device_total: str | None = None,
+              non_pytorch: str | None = None, device: int | None = None) -> SourceOptions:
+        """The options as typed (``--torch-version 2.11 --device-total 79.2GiB``).
+
+        Raises:
+            AllocConfError: one is not what it should be; the message names the flag.
+        """
+        from allocconf_widget.core.memory.recording import MIN_DEVICE_BYTES
+        from allocconf_widget.core.units import parse_size
+
+        version = None
+        if torch_version:
+            try:
+                if not torch_version.isprintable():  # read as its prefix, "2.4\x1b[2J" was 2.4
+                    raise AllocConfError(f"{printable(torch_version, 40)} is not a release such as 2.11")
+                version = simulated_release(torch_version)
+            except AllocConfError as exc:
+                raise AllocConfError(f"--torch-version: {exc}") from None
+        try:
+            total = parse_size(device_total) if device_total is not None else None  # '' too
+            other = parse_size(non_pytorch) if non_pytorch is not None else None
+        except ValueError as exc:
+            raise AllocConfError(str(exc)) from None
+        if total is not None and total < MIN_DEVICE_BYTES:  # every replay "OOM at event 0"
+            raise AllocConfError(f"--device-total {printable(device_total or '', 40)!r} is less than "
+                                 "1 MiB", fix="give the GPU's memory, e.g. 15GiB or 79.2GiB")
+        if device is not None and device < 0:
+            raise AllocConfError(f"--device {device} is not a CUDA device",
+                                 fix="give 0 for the first device")
+        return cls(version, total, other, device)
+
+    def file(self, path: str) -> TraceSource:
+        """:func:`file_source` of ``path`` with these options."""
+        return file_source(path, torch_version=self.torch_version, device_total=self.device_total,
+                           non_pytorch_bytes=self.non_pytorch_bytes, device=self.device)
+
+    def over(self, source: TraceSource) -> TraceSource:
+        """``source`` (a session's recording, the bundled one) with what these options say
+        instead of what it knew."""
+        changed: dict[str, Any] = {}
+        if self.torch_version is not None:
+            changed["torch_version"] = self.torch_version
+        if self.device_total is not None:
+            changed["device_total"] = self.device_total
+        if self.non_pytorch_bytes is not None:
+            changed["non_pytorch_bytes"] = self.non_pytorch_bytes
+        if self.device is not None:
+            changed["device"] = self.device
+        return dataclasses.replace(source, **changed) if changed else source
+
+
 def file_source(path: str, *, torch_version: TorchVersion | None = None,
                 device_total: int | None = None, non_pytorch_bytes: int | None = None,
                 device: int | None = None) -> TraceSource:
@@ -87,27 +151,34 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
     loaded = load_snapshot_deriving(path, lambda snap: extract_trace(snap, device), read_pickled_trace)
     snapshot = loaded.snapshot
     notes: list[str] = []
-    sidecar = read_sidecar(path) if device_total is None or torch_version is None else None
-    known = sidecar.facts if sidecar is not None else None
-    if sidecar is not None and sidecar.problem:
+    # every fact the sidecar holds counts unless its own option is given: giving the device's
+    # size must not throw away the fraction the run had or the memory outside PyTorch
+    sidecar = read_sidecar(path)
+    known = sidecar.facts
+    if sidecar.problem:
         notes.append(sidecar.problem)
     fraction = None
     if known is not None:
         used = []
         if device_total is None:
             device_total = known.device_total_bytes
-            if non_pytorch_bytes is None:
-                non_pytorch_bytes = known.non_pytorch_bytes
             used.append(f"device capacity {format_bytes(device_total or 0)} (--device-total)")
-            if known.fraction is not None:  # a share of that device: only with its size
-                fraction = known.fraction
-                used.append(f"memory fraction {fraction:g} (--fraction)")
+        elif device_total != known.device_total_bytes:
+            notes.append(f"the recording's sidecar {known.path.name} says the device had "
+                         f"{format_bytes(known.device_total_bytes or 0)}; replayed with "
+                         f"--device-total {format_bytes(device_total)}")
+        if non_pytorch_bytes is None and known.non_pytorch_bytes is not None:
+            non_pytorch_bytes = known.non_pytorch_bytes
+            used.append(f"memory outside PyTorch {format_bytes(non_pytorch_bytes)} (--non-pytorch)")
+        if known.fraction is not None:  # the run's own: the self-check keeps it, --fraction or not
+            fraction = known.fraction
+            used.append(f"the run's memory fraction {fraction:g} (--fraction for the rows)")
         if torch_version is None and known.torch_version:
             torch_version = recorded_release(known.torch_version)
             if torch_version is not None:
                 used.append(f"torch {printable(known.torch_version, 40)} (--torch-version)")
         if used:
-            notes.append(f"from the recording's sidecar {known.path.name}: {' and '.join(used)}; "
+            notes.append(f"from the recording's sidecar {known.path.name}: {', '.join(used)}; "
                          "the option in brackets overrides it")
     label = printable(path, 300)  # a name with an escape sequence must not reach a terminal raw
     from allocconf_widget.core.dryrun_facts import GAPS, LABEL, SNAPSHOT_MARK
@@ -203,10 +274,24 @@ def source_label(session: RecordingHolder) -> str:
     return f"{BUNDLED_LABEL} (no %%allocconf record or dry run in this session yet)"
 
 
-def trace_source(session: RecordingHolder, path: str | None = None, demo: bool = False) -> TraceSource:
-    """A file, the session's last ``%%allocconf record``, or the bundled recording."""
+def trace_source(session: RecordingHolder, path: str | None = None, demo: bool = False,
+                 options: SourceOptions | None = None) -> TraceSource:
+    """A file, the session's last ``%%allocconf record``, or the bundled recording, with what
+    ``options`` say about it.
+
+    Raises:
+        AllocConfError: both a file and ``demo``.
+    """
+    options = options or SourceOptions()
+    if path and demo:
+        raise AllocConfError("give a trace file or --demo, not both",
+                             fix="drop --demo to replay the file, or the file to replay the bundled one")
     if path:
-        return file_source(path)
+        return options.file(path)
+    return options.over(_held_source(session, demo))
+
+
+def _held_source(session: RecordingHolder, demo: bool) -> TraceSource:
     rec = session.recording
     if rec is not None and rec.snapshot is not None and not demo:
         # Memory in use when recording started, less what the allocator already held (the
@@ -422,9 +507,9 @@ class SimulationReport:
 HOST_KEPT_PACE_NOTE = (
     "every free that waited on another stream (record_stream) completed before the next "
     "allocation: the recorded run's CPU never got ahead of its GPU (a slow host, a debugger, "
-    "code that waits on the GPU), so the peaks and their ranges hold for a run paced like it. "
-    "A run whose CPU does get ahead can peak higher: one weight-streaming program peaked 3.1 times "
-    "higher so. Record a run at full speed for its range")
+    "code that waits on the GPU), so the peaks (and any range shown) hold only for a run paced "
+    "like it. A run whose CPU does get ahead can peak higher: one weight-streaming program peaked "
+    "3.1 times higher that way. Record a run at full speed to see how far its peak can move")
 
 
 def recorded_window_note(num_events: int) -> str:
@@ -477,10 +562,6 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
                                                      and fraction * source.device_total < MIB)):
         raise AllocConfError(f"a memory fraction of {fraction:g} leaves less than 1 MiB of the device: "
                              "every allocation would fail", fix="pass e.g. 0.5 for half of the device")
-    if source.device_total is None and source.non_pytorch_bytes:
-        notes.append(f"the memory outside PyTorch ({format_bytes(source.non_pytorch_bytes)}) is not "
-                     "used: it is a share of the device's memory, which is not known (give the "
-                     "device's total, --device-total)")
     from allocconf_widget.core.sim.capacity import replay_room
     from allocconf_widget.core.sim.settings import readback_fraction
 
@@ -493,6 +574,17 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
     device_total, non_pytorch, fraction = room.device_total, room.non_pytorch_bytes, room.fraction
     if room.note is not None:
         notes.append(room.note)
+    if source.device_total is None and source.non_pytorch_bytes:
+        given = format_bytes(source.non_pytorch_bytes)
+        notes.append(f"the memory outside PyTorch ({given}) is not used: " + (
+            "it is a share of the device's memory, which is not known" if device_total is None
+            else f"the room PyTorch had ({format_bytes(device_total)}) is read off the trace's OOM, "
+            "which leaves it out already") + " (give the device's total, --device-total)")
+    if device_total is not None and non_pytorch >= device_total:
+        raise AllocConfError(f"the memory outside PyTorch ({format_bytes(non_pytorch)}) leaves nothing "
+                             f"of the device's {format_bytes(device_total)} for PyTorch",
+                             fix="--non-pytorch is the memory outside the allocator (CUDA context, "
+                             "libraries), e.g. 600MiB")
     if fraction is not None and device_total is None:
         raise AllocConfError("a memory fraction is a share of the device's memory, which is not known "
                              "for this trace", fix="give the device's total memory (--device-total)")
@@ -541,6 +633,9 @@ def simulate(source: TraceSource, request: SimulationRequest = SimulationRequest
     if trace.partial:
         notes.append(f"the trace is partial: {trace.unknown_frees:,} frees of memory allocated before "
                      "it began (ring buffer full); predictions cover only the recorded window")
+    if trace.empty_cache_calls:
+        notes.append(f"{trace.empty_cache_calls:,} torch.cuda.empty_cache() call(s) inferred from the "
+                     "segments the run released; every row releases its cache at the same points")
     ran_ahead = host_ran_ahead(trace)
     if ran_ahead is False:
         notes.append(HOST_KEPT_PACE_NOTE)
@@ -741,8 +836,10 @@ def _checked_confs(confs: tuple[str, ...], version: TorchVersion, notes: list[st
     "GC does nothing without a memory fraction" one when the replay has a fraction)."""
     from allocconf_widget.core.config.conf import parse_conf
 
-    out = []
+    out: list[str] = []
     for conf in confs:
+        if conf in out:  # asked twice: one row, in every front end
+            continue
         try:
             parsed = parse_conf(conf, torch_version=version, warn=False)
         except AllocConfError as exc:

@@ -151,7 +151,7 @@ def test_recommend_ranks_candidates(trace_file: Path) -> None:
         (["--torch-version", "1.9"], "outside the simulated range"),
         (["--device-total", "0"], "less than 1 MiB"),  # these three replayed "OOM at event 0"
         (["--device-total", "0.4"], "less than 1 MiB"),
-        (["--device-total", "1GiB", "--non-pytorch", "2GiB"], "leaves nothing of --device-total"),
+        (["--device-total", "1GiB", "--non-pytorch", "2GiB"], "leaves nothing of the device's 1.00 GiB"),
         (["--workers", "0"], "--workers 0 is not a number of processes"),
         (["--workers", "-3"], "--workers -3 is not a number of processes"),
     ],

@@ -28,7 +28,7 @@ def test_no_gc_trap_note_when_the_replay_has_a_memory_fraction():
 
 def test_the_fraction_the_files_sidecar_records_counts_as_one():
     notes = _notes(None)
-    assert "memory fraction 0.000429 (--fraction)" in notes and "does nothing" not in notes
+    assert "the run's memory fraction 0.000429" in notes and "does nothing" not in notes
 
 
 def test_the_note_stays_without_a_fraction(tmp_path):

@@ -219,6 +219,28 @@ def test_a_completion_after_other_frees_but_before_the_next_allocation_kept_pace
     assert host_ran_ahead(b.build()) is True
 
 
+def test_a_free_still_waiting_at_the_snapshot_with_allocations_after_it_ran_ahead() -> None:
+    """A snapshot taken mid-step leaves some record_stream frees pending. Allocations after
+    such a request show the CPU ahead of the GPU: the report once said it "never got ahead"
+    (an attack pass, round 21), because only completed frees were looked at."""
+    from allocconf_widget.core.sim.timing import host_ran_ahead
+
+    b = TraceBuilder()
+    for _ in range(3):  # paced: each completes before the next allocation
+        x = b.alloc(8 * MiB)
+        b.free_requested(x)
+        b.free_completed(x)
+    last = b.alloc(8 * MiB)
+    b.free_requested(last)  # never completes before the dump
+    assert host_ran_ahead(b.build()) is False  # nothing allocated after it yet
+    b.free(b.alloc(1 * MiB))
+    assert host_ran_ahead(b.build()) is True
+    only_pending = TraceBuilder()
+    only_pending.free_requested(only_pending.alloc(8 * MiB))
+    only_pending.free(only_pending.alloc(2 * MiB))
+    assert host_ran_ahead(only_pending.build()) is True
+
+
 def test_the_late_order_does_not_wait_for_an_address_the_recording_reused() -> None:
     """A free completed quickly in the recording, whose address the next request got again,
     must still wait in the late order (as long as the recording's longest wait): in a run whose

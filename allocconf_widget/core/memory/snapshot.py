@@ -213,7 +213,7 @@ def _not_a_pickle_hint(data: bytes) -> str:
     head = data[:64].lstrip()
     if head[:2] == b"PK":
         return (
-            "; it looks like a zip archive (torch.save output?), not a memory snapshot. "
+            "; it looks like a zip archive (torch.save output?), not a memory snapshot: "
             + _DUMP_HINT
         )
     if head[:1] == b"<":
@@ -222,7 +222,8 @@ def _not_a_pickle_hint(data: bytes) -> str:
             "pass the .pickle file it was made from"
         )
     if head[:1] in (b"{", b"["):
-        return "; it looks like JSON text, not a pickle. " + _DUMP_HINT
+        return ("; it looks like JSON text, not a pickle (a recording's sidecar? its snapshot is "
+                "the .pickle or .pickle.gz of the same name): " + _DUMP_HINT)
     return "; " + _DUMP_HINT
 
 

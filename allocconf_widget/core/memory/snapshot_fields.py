@@ -67,7 +67,20 @@ _BLOCK = {"size": SIZE, "requested_size": SIZE, "address": ADDRESS, "state": TEX
 _SEGMENT = {"address": ADDRESS, "total_size": SIZE, "allocated_size": SIZE, "active_size": SIZE,
             "requested_size": SIZE, "device": SMALL_INT, "stream": SMALL_INT,
             "segment_type": TEXT, "blocks": LIST, "frames": LIST}
-_ENTRY = {"action": TEXT, "addr": ADDRESS, "size": SIZE, "stream": SMALL_INT, "time_us": _number,
+def _stamp(value: object) -> str | None:
+    """A trace entry's ``time_us``: a number within a signed 64-bit count of microseconds, as
+    the decoder keeps it (torch writes an int of about 2^50; 2^63 once overflowed the decoder's
+    column and reached the user as "please report this")."""
+    problem = _number(value)
+    if problem is None and isinstance(value, int | float) and not -_I64 < value < _I64:
+        return f"is {short_repr(value)}, outside ±2^63 microseconds"
+    return problem
+
+
+#: a trace entry's address, kept in a signed 64-bit column by the decoder: CUDA's virtual
+#: addresses stay far below 2^63 (2^48 on today's GPUs)
+ENTRY_ADDRESS = _int_in(0, _I64)
+_ENTRY = {"action": TEXT, "addr": ENTRY_ADDRESS, "size": SIZE, "stream": SMALL_INT, "time_us": _stamp,
           "device_free": SIZE, "frames": LIST}
 _TOP = {"segments": LIST, "device_traces": LIST, "allocconf_initial_segments": LIST,
         "host_segments": LIST, "host_traces": LIST, "allocconf_cell_start": _of(dict, "a dict")}
@@ -188,12 +201,11 @@ def _entries(trace: list[Any], device: int) -> None:
             stream = get("stream", 0)
             stamp = get("time_us", 0)
             free = get("device_free", 0)
-            if (type(get("action")) is str and type(addr) is int and 0 <= addr < u64
+            if (type(get("action")) is str and type(addr) is int and 0 <= addr < i64
                     and type(size) is int and 0 <= size < i64
                     and type(stream) is int and -i64 <= stream < u64
                     and type(free) is int and 0 <= free < i64
-                    and ((type(stamp) is int and -u64 < stamp < u64)
-                         or (type(stamp) is float and math.isfinite(stamp)))
+                    and (type(stamp) is int or type(stamp) is float) and -i64 < stamp < i64
                     and type(get("frames", _NO_FRAMES)) is list):
                 continue
         where = f"device_traces[{device}][{i}]"

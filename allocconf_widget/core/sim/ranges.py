@@ -33,6 +33,7 @@ class _Node:
 
 
 def _pull(t: _Node) -> None:
+    # comparisons, not max(): a builtin call each was half of a release-heavy replay
     ln, al = t.ln, t.al
     a, b = t.left, t.right
     if a is not None:
@@ -95,10 +96,31 @@ class FreeRanges:
         return start + length - first
 
     def add(self, start: int, length: int) -> None:
-        """Insert a range that overlaps and touches no other (see :meth:`release`)."""
-        node = _Node(start, length, self._aligned_room(start, length), self._rng.random())
-        a, b = _split(self.root, start)
-        self.root = _merge(_merge(a, node), b)
+        """Insert a range that overlaps and touches no other (see :meth:`release`).
+
+        The node goes where its priority puts it: the walk down raises the subtree maxima
+        of the nodes above (they can only grow), and only the subtree it lands on is split,
+        a few nodes on average. Splitting the whole treap and merging it back recomputed
+        every node on two paths: 60-100 µs a range, which a trace releasing 200,000
+        separate segments per replay paid nine times over."""
+        al = self._aligned_room(start, length)
+        pr = self._rng.random()
+        node = _Node(start, length, al, pr)
+        parent: _Node | None = None
+        t = self.root
+        while t is not None and t.pr > pr:  # _merge keeps the higher priority on top
+            t.mln = max(t.mln, length)
+            t.mal = max(t.mal, al)
+            parent = t
+            t = t.left if start < t.key else t.right
+        node.left, node.right = _split(t, start)
+        _pull(node)
+        if parent is None:
+            self.root = node
+        elif start < parent.key:
+            parent.left = node
+        else:
+            parent.right = node
         self.lengths[start] = length
         self._ends[start + length] = start
 

@@ -256,11 +256,15 @@ def recommend(
     )
 
 
-def _rank_key(c: Candidate) -> tuple[bool, int, int, int, bool, int]:
+def _rank_key(c: Candidate) -> tuple[bool, int, bool, int, int, bool, int]:
     r = c.result
     failed = _stops(r)
     reach = -r.events if failed else 0  # among failures, the one that gets furthest
-    return (failed, reach, r.peak_reserved_bytes, r.num_alloc_retries, not c.is_current, len(c.conf))
+    # a program whose recorded OOM fits here takes a path nobody recorded: its peak covers only
+    # the part before, so it ranks after the rows predicted to the end
+    unpredicted_tail = r.path_changes_at is not None
+    return (failed, reach, unpredicted_tail, r.peak_reserved_bytes, r.num_alloc_retries,
+            not c.is_current, len(c.conf))
 
 
 def _stops(r: SimResult) -> bool:
@@ -299,6 +303,8 @@ _WHY_BETTER = {
     "expandable": "expandable segments map memory in pages instead of carving fixed segments",
     "max_split": "blocks of {split} and more are never split, so small requests cannot "
     "fragment the big cached blocks",
+    "max_split_expandable": "a split limit beside expandable segments can let reserved memory grow "
+    "while little is allocated (pytorch/pytorch#123548): the expandable segments do the work here",
     "roundup": "rounding sizes up to 1/{div} steps of a power of two lets similar sizes "
     "share cached blocks",
     "gc": "cached segments that sat unused are released once reserved passes "
@@ -310,6 +316,8 @@ _WHY_WORSE = {
     "expandable": "mapping in {page} pages costs more than it saves for this trace",
     "max_split": "blocks of {split} and more are reused only for requests within {slack} "
     "of their size and released only on the OOM path, so large requests keep adding segments",
+    "max_split_expandable": "a split limit beside expandable segments can let reserved memory grow "
+    "while little is allocated (pytorch/pytorch#123548): the expandable segments do the work here",
     "roundup": "rounding sizes up to 1/{div} steps of a power of two pads every allocation",
     "gc": "releasing idle segments early means re-allocating them later",
     "defaults": "torch's defaults",
@@ -327,6 +335,8 @@ def _reason(kind: str, s: SimSettings, r: SimResult, base: SimResult, defaults: 
         )
         if r.oom is not None:
             text += "; " + _oom_words(r)
+        if r.path_changes_at is not None:
+            text += "; " + r.path_change_words()
         return text + _timing_words(r)
     params = {
         "split": format_bytes(s.max_split_bytes or 0),
@@ -344,6 +354,8 @@ def _reason(kind: str, s: SimSettings, r: SimResult, base: SimResult, defaults: 
         if _stops(base):
             assert base.oom is not None
             head += f"; now at event {base.oom.event_index:,}"
+        if _stops(base) and r.events == base.events:  # neither better nor worse: no mechanism
+            return f"{head}): the same request fails as now{_timing_words(r)}"
         further = _stops(base) and r.events > base.events
         return f"{head}): {_why(kind, s, better=further).format(**params)}{_timing_words(r)}"
     new, old = r.peak_reserved_bytes, base.peak_reserved_bytes
@@ -360,9 +372,7 @@ def _reason(kind: str, s: SimSettings, r: SimResult, base: SimResult, defaults: 
     if r.oom is not None:
         head += "; " + _oom_words(r)
     if r.path_changes_at is not None:
-        head += (f"; the request that failed at event {r.path_changes_at:,} in the recording fits here, "
-                 "so the program's OOM handler would not run and what it does next (a larger batch, "
-                 "say) is not in the recording: peaks after that event are not predicted")
+        head += "; " + r.path_change_words()
     plain = defaults.peak_reserved_bytes
     idle = _idle_split_words(s, r)
     if kind == "max_split" and idle:
@@ -395,7 +405,8 @@ def _why(kind: str, s: SimSettings, *, better: bool, idle_split: bool = False) -
         if s.expandable_segments:
             parts.append("expandable")
         if s.max_split_bytes is not None and not idle_split:
-            parts.append("max_split")
+            # beside expandable segments a split limit is what the settings warning is about
+            parts.append("max_split_expandable" if s.expandable_segments else "max_split")
         if any(s.roundup_slots):
             parts.append("roundup")
         if s.gc_threshold:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from allocconf_widget.core.sim.alignment import matched_in_order
 from allocconf_widget.core.sim.trace import SEG_NAMES
+from allocconf_widget.core.units import format_bytes
 
 if TYPE_CHECKING:
     from allocconf_widget.core.sim.settings import SimSettings
@@ -25,8 +26,6 @@ SegmentEvent = tuple[int, int, int, int]
 def peak_text(peak: int, low: int | None = None, high: int | None = None) -> str:
     """A peak as every view says it, followed by its range by GPU timing where one is given
     (the tables, the Settings tab, the OOM card and the What-if bars share these words)."""
-    from allocconf_widget.core.units import format_bytes
-
     text = format_bytes(peak)
     if low is not None and high is not None:
         text += f" ({format_bytes(low)}–{format_bytes(high)} by GPU timing)"
@@ -69,6 +68,15 @@ class Divergence:
     def to_json(self) -> dict[str, Any]:
         """Plain dict for JSON output."""
         return dataclasses.asdict(self)
+
+
+def _segment_event_text(event: str | None) -> str:
+    """``segment_alloc 20971520`` as a person reads it (``a segment_alloc of 20.00 MiB``);
+    None: the other side had no event there."""
+    if event is None:
+        return "no event (one side ended)"
+    kind, _, size = event.partition(" ")
+    return f"a {kind} of {format_bytes(int(size))}" if size.isdigit() else event
 
 
 @dataclass(frozen=True)
@@ -141,11 +149,14 @@ class Fidelity:
             text = (
                 f"{self.matched_events}/{self.recorded_events} recorded segment events reproduced "
                 f"({100 * self.reproduced:.1f}%), peak reserved "
-                f"{'matches' if self.peak_matches else 'differs'}"
+                + ("matches" if self.peak_matches else
+                   f"differs ({format_bytes(self.simulated_peak_reserved_bytes)} replayed, "
+                   f"{format_bytes(self.recorded_peak_reserved_bytes)} recorded)")
             )
         if self.first_divergence is not None:
             d = self.first_divergence
-            text += f"; first divergence at segment event {d.position}: expected {d.expected}, got {d.got}"
+            text += (f"; first divergence at segment event {d.position}: expected "
+                     f"{_segment_event_text(d.expected)}, got {_segment_event_text(d.got)}")
         if self.partial_trace:
             text += "; trace is partial (ring buffer wrapped), so the start state is unknown"
         if self.recorded_addresses:
@@ -282,6 +293,16 @@ class SimResult:
             return peak_text(self.peak_reserved_bytes, *self.reserved_range)
         return peak_text(self.peak_reserved_bytes)
 
+    def path_change_words(self) -> str:
+        """'' or, for a program that catches its OOMs, that a request that failed in the
+        recording fits here: its handler does not run, and what the program does instead (a
+        larger batch, say) is not in the recording. Every view says it beside the verdict."""
+        if self.path_changes_at is None:
+            return ""
+        return (f"the request that failed at event {self.path_changes_at:,} in the recording fits "
+                "here, so the program's OOM handler would not run and what it does next (a larger "
+                "batch, say) is not in the recording: peaks after that event are not predicted")
+
     def oom_verdict(self) -> str:
         """"no" only when the self-check beside this result is confident; otherwise a "no"
         comes with its caveat, so no front end states a confident "no OOM" it cannot back.
@@ -293,14 +314,19 @@ class SimResult:
             # it had): the handler decides, as every other view says (handler_decides)
             if self.handler_decides or not self.oom.recorded:
                 return "yes; the program catches it and its handler decides what follows"
-            return "caught, as recorded"
+            return "caught, as recorded" + self._path_change_tail()
         confident = self.fidelity is not None and self.fidelity.confident
         if self.outlives_recording:  # "no" would promise the part of the run nobody recorded
             said = ("past the recorded OOM; the rest of the run was never recorded"
                     + ("" if confident else " (unverified: see the self-check)"))
             return said + ("; the latest GPU timing runs out" if self.timing_oom else "")
         said = "no" if confident else "no (unverified: see the self-check)"
-        return said + ("; the latest GPU timing runs out" if self.timing_oom else "")
+        return (said + ("; the latest GPU timing runs out" if self.timing_oom else "")
+                + self._path_change_tail())
+
+    def _path_change_tail(self) -> str:
+        return (f"; the request that failed at event {self.path_changes_at:,} fits here, so the "
+                "run's path changes there" if self.path_changes_at is not None else "")
 
     def with_fidelity(self, fidelity: Fidelity | None) -> SimResult:
         """Copy carrying a self-check result beside the prediction."""

@@ -114,14 +114,19 @@ def host_ran_ahead(trace: Trace) -> bool | None:
     # the last allocation before each completion, each row searched once (at C speed): a
     # search of the rows between each request and its completion went quadratic
     last_alloc, searched = -1, 0
-    for completed, start in _waits(trace).items():
+    waits = _waits(trace)
+    for completed, start in waits.items():
         found = codes.rfind(alloc, searched, completed)
         if found >= 0:
             last_alloc = found
         searched = completed
         if last_alloc > start:
             return True
-    return False
+    # a free still waiting when the snapshot was taken, with allocations after its request:
+    # the CPU was ahead there too (the commonest case: a snapshot taken mid-step)
+    answered = set(waits.values())
+    pending = next((row for row in rows_with(ops, (OP_FREE_REQUESTED,)) if row not in answered), None)
+    return pending is not None and codes.rfind(alloc, pending) > pending
 
 
 #: The late order's lag: this many times the recording's longest wait, in rows. One run's

@@ -182,8 +182,8 @@ class Trace:
             out.append(
                 f"{self.deferred_frees:,} frees waited on other streams (record_stream) and complete "
                 "where the recording saw them; under other settings the GPU may finish them earlier or later "
-                "(each result's peak range covers the GPU finishing them at once, and lagging twice as far "
-                "as the recording ever shows)")
+                "(a result's peak range covers the GPU finishing them at once, and lagging twice as far "
+                "as the recording ever shows; a single peak means neither changes it)")
         return tuple(out)
 
     def replay_columns(self) -> tuple[list[int], list[int], list[int], list[int]]:
@@ -488,7 +488,9 @@ def _extract(
         device = max(range(len(traces)), key=lambda d: len(traces[d]) if isinstance(traces[d], list) else 0)
     if not 0 <= device < len(traces) or not isinstance(traces[device], list) or not traces[device]:
         have = [d for d, t in enumerate(traces) if isinstance(t, list) and t]
-        raise SnapshotError(f"device {device} has no trace entries; devices with a trace: {have}")
+        shown = ", ".join(map(str, have[:8])) + (f" and {len(have) - 8:,} more" if len(have) > 8 else "")
+        raise SnapshotError(f"device {device} has no trace entries; devices with a trace: {shown} "
+                            "(pick one with --device)")
     entries = traces[device]
     gc = _recorded_gc(snapshot)
     if isinstance(initial_state, AllocatorState):

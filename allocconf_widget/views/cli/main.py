@@ -59,7 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     _tolerate_narrow_encodings()
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        from allocconf_widget.views.text.suggest import parse_words
+
+        args = parse_words(parser, None if argv is None else list(argv))
         handler = getattr(args, "handler", None)
         if handler is None:
             parser.print_help()

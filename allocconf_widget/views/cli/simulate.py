@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import re
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -23,9 +21,6 @@ from typing import Any, TextIO
 from allocconf_widget._errors import AllocConfError, SnapshotError, printable
 
 _PROG = "allocconf simulate"
-_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
-          "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*$", re.IGNORECASE)
 
 
 def register(subparsers: Any) -> None:
@@ -50,11 +45,13 @@ def register(subparsers: Any) -> None:
                              "'' = torch defaults): only these, unless --recommend adds the grid "
                              "of common settings (as %%allocconf simulate always does)")
     parser.add_argument("--device-total", metavar="BYTES",
-                        help="GPU memory, e.g. 80GB or 141GiB (default: inferred from an OOM in "
-                             "the trace, else unlimited)")
+                        help="GPU memory as torch reports it, e.g. 79.2GiB for an H100 80GB or "
+                             "139.8GiB for an H200 (80GB reads as 80·10⁹ bytes, 74.51 GiB); default: "
+                             "a sidecar's, else inferred from an OOM in the trace, else unlimited")
     parser.add_argument("--non-pytorch", metavar="BYTES", default=None,
-                        help="memory used outside PyTorch's allocator (CUDA context, libraries); "
-                             "default: estimated from the trace when --device-total is given")
+                        help="memory used outside PyTorch's allocator (CUDA context, libraries), "
+                             "e.g. 600MiB; default: a sidecar's, else estimated from the trace when "
+                             "the device's memory is known")
     parser.add_argument("--fraction", type=float, metavar="F",
                         help="torch.cuda.set_per_process_memory_fraction(F) in force (default: "
                              "the recording's sidecar's; else the limit the trace's OOMs show, "
@@ -67,18 +64,6 @@ def register(subparsers: Any) -> None:
                         help="keep replaying after a predicted OOM instead of stopping there")
     parser.add_argument("--workers", type=int, metavar="N", help="processes to use (default: all cores)")
     parser.set_defaults(handler=run)
-
-
-def parse_size(text: str) -> int:
-    """``80GB`` → 80·10⁹, ``141GiB`` → 141·2³⁰, ``1234`` → bytes."""
-    match = _SIZE.match(text)
-    if not match:
-        raise ValueError(f"cannot read {text!r} as a size; write bytes or e.g. 80GB, 141GiB, 512MiB")
-    number, unit = match.groups()
-    value = float(number) * _UNITS[(unit or "").lower()]
-    if not math.isfinite(value) or value >= 2**64:
-        raise ValueError(f"{text[:40]!r} is larger than any device (2^64 bytes)")
-    return int(value)
 
 
 class _BadInputError(Exception):
@@ -103,26 +88,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from allocconf_widget.app.simulate import SimulationRequest, file_source, simulate
-    from allocconf_widget.core.versions import installed_torch_version, simulated_release
+    from allocconf_widget.app.simulate import SimulationRequest, SourceOptions, simulate
+    from allocconf_widget.core.versions import installed_torch_version
     from allocconf_widget.views.text.simulate import render_simulation
 
     path = Path(args.trace)
-    device_total, non_pytorch = _sizes(args)
-    version = None
-    if args.torch_version:
-        try:
-            if not args.torch_version.isprintable():  # read as its prefix, "2.4\x1b[2J" was 2.4
-                raise AllocConfError(f"{printable(args.torch_version, 40)} is not a release such as 2.11")
-            version = simulated_release(args.torch_version)
-        except AllocConfError as exc:
-            raise _BadInputError(f"--torch-version: {exc}") from None
+    if args.workers is not None and args.workers < 1:
+        raise _BadInputError(f"--workers {args.workers} is not a number of processes; give 1 or "
+                             "more (default: all cores)")
+    try:
+        options = SourceOptions.parse(torch_version=args.torch_version, device_total=args.device_total,
+                                      non_pytorch=args.non_pytorch, device=args.device)
+    except AllocConfError as exc:
+        raise _BadInputError(str(exc)) from None
     progress = _Progress.on_a_terminal(sys.stderr)
     try:
         if progress is not None:
             progress.say(f"reading {printable(path.name, 120)}")
-        source = file_source(str(path), torch_version=version, device_total=device_total,
-                             non_pytorch_bytes=non_pytorch, device=args.device)
+        source = options.file(str(path))
         if progress is not None:
             progress.say("replaying")
         report = simulate(source, SimulationRequest(
@@ -184,24 +167,3 @@ class _Progress:
         if self.shown:
             self.stream.write("\r\033[K")
             self.stream.flush()
-
-
-def _sizes(args: argparse.Namespace) -> tuple[int | None, int | None]:
-    try:
-        total = parse_size(args.device_total) if args.device_total is not None else None  # '' too
-        other = parse_size(args.non_pytorch) if args.non_pytorch is not None else None
-    except ValueError as exc:
-        raise _BadInputError(str(exc)) from None
-    from allocconf_widget.core.memory.recording import MIN_DEVICE_BYTES
-
-    if total is not None and total < MIN_DEVICE_BYTES:  # 0, or 0.4 bytes: every replay "OOM at event 0"
-        raise _BadInputError(f"--device-total {args.device_total[:40]!r} is less than 1 MiB; give "
-                             "the GPU's memory, e.g. 16GiB or 80GB")
-    if total is not None and other is not None and other >= total:
-        raise _BadInputError(f"--non-pytorch {args.non_pytorch[:40]!r} leaves nothing of "
-                             f"--device-total {args.device_total[:40]!r} for PyTorch; it is the memory "
-                             "outside the allocator (CUDA context, libraries), e.g. 600MiB")
-    if args.workers is not None and args.workers < 1:
-        raise _BadInputError(f"--workers {args.workers} is not a number of processes; give 1 or "
-                             "more (default: all cores)")
-    return total, other

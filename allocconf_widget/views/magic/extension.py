@@ -66,6 +66,7 @@ def _magics_class() -> Any:
         def allocconf(self, line: str = "", cell: str | None = None) -> Any:
             """Placeholder docstring, replaced by the parser's help below."""
             from allocconf_widget.app.session import get_session
+            from allocconf_widget.views.text.suggest import parse_words
 
             try:  # a Ctrl-C while the parser is built or the session found: one line, as below
                 parser = build_parser()
@@ -76,7 +77,7 @@ def _magics_class() -> Any:
                 if words[:1] == ["help"]:  # `%allocconf help [SUBCOMMAND]`, as people type it
                     words = [*(w for w in words[1:2] if w != "help"), "-h"]
                 try:
-                    args = parser.parse_args(words)
+                    args = parse_words(parser, words)
                 except SystemExit:  # -h/--help printed the help already
                     return None
                 except ValueError as exc:

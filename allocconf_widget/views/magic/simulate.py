@@ -39,6 +39,14 @@ def register(subparsers: SubParsers) -> None:
                         "replays only the settings given, unless --recommend")
     p.add_argument("--demo", action="store_true", help="use the bundled H200 recording")
     p.add_argument("--fraction", type=float, help="memory fraction limit in force")
+    # the facts a file cannot say, as `allocconf simulate` takes them (app.simulate.SourceOptions)
+    p.add_argument("--device-total", metavar="SIZE",
+                   help="the GPU's memory, e.g. 79.2GiB (default: the recording's, a sidecar's, "
+                        "else read off an OOM in the trace)")
+    p.add_argument("--non-pytorch", metavar="SIZE",
+                   help="memory outside PyTorch's allocator (CUDA context, libraries), e.g. 600MiB")
+    p.add_argument("--torch-version", metavar="X.Y", help="the torch release that recorded the trace")
+    p.add_argument("--device", type=int, metavar="N", help="CUDA device whose trace to use")
     p.set_defaults(handler=run_simulate)
 
 
@@ -98,7 +106,7 @@ def run_record(args: argparse.Namespace, ctx: MagicContext) -> Any:
 
 def run_simulate(args: argparse.Namespace, ctx: MagicContext) -> Any:
     from allocconf_widget.adapters.frontend import detect_frontend
-    from allocconf_widget.app.simulate import SimulationRequest, simulate, trace_source
+    from allocconf_widget.app.simulate import SimulationRequest, SourceOptions, simulate, trace_source
     from allocconf_widget.views.text.notes import warnings_as_notes
     from allocconf_widget.views.text.simulate import render_simulation
 
@@ -112,7 +120,10 @@ def run_simulate(args: argparse.Namespace, ctx: MagicContext) -> Any:
             view = ctx.session.view()
             if progress is not None:
                 progress.say("reading the trace")
-            source = trace_source(ctx.session, args.trace, args.demo)
+            options = SourceOptions.parse(torch_version=args.torch_version,
+                                          device_total=args.device_total,
+                                          non_pytorch=args.non_pytorch, device=args.device)
+            source = trace_source(ctx.session, args.trace, args.demo, options)
             if progress is not None:
                 progress.say("replaying")
             report = simulate(source, SimulationRequest(confs=tuple(args.conf), rank=True, fraction=fraction,

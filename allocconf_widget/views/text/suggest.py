@@ -23,3 +23,17 @@ def with_hint(parser: argparse.ArgumentParser, message: str) -> str:
                for c in action.choices]
     close = difflib.get_close_matches(typed, choices, n=1, cutoff=0.6)
     return f"{message}: did you mean {close[0]}?" if close else message
+
+
+def parse_words(parser: argparse.ArgumentParser, words: list[str] | None) -> argparse.Namespace:
+    """``parser.parse_args(words)``, except that arguments nobody takes are refused by the
+    subcommand's parser: argparse's own refusal printed the top-level usage (``allocconf
+    [-h] [--version] COMMAND ...``) for ``allocconf simulate F --bogus``, not simulate's options."""
+    args, extra = parser.parse_known_args(words)
+    if extra:
+        command = getattr(args, "command", None)
+        subparsers = [action for action in parser._actions
+                      if isinstance(action, argparse._SubParsersAction)]
+        sub = subparsers[0].choices.get(command) if subparsers and command else None
+        (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
