@@ -23,6 +23,7 @@ from allocconf_widget.core.units import format_bytes
 if TYPE_CHECKING:
     from allocconf_widget.app.session import Session
     from allocconf_widget.app.simulate import SimulationRow, TraceSource
+    from allocconf_widget.core.sim.result import SimResult
     from allocconf_widget.core.sim.trace import Trace
 
 #: trace entries above which a draft is not replayed at every slider move (three replays of a
@@ -59,6 +60,8 @@ class DraftPrediction:
         program's handler would meet where the recording had none (None: not predicted, or the
         handler decides)."""
         if self.draft is None or _handler_decides(self.draft):
+            return None
+        if self.draft.result.path_changes_at is not None:  # a path nobody recorded follows
             return None
         return not _fatal(self.draft)
 
@@ -110,8 +113,16 @@ def _said(row: SimulationRow, of: str) -> str:
             return (f"a {failed} request fails where the recording did not; the program catches "
                     f"its OOMs, so its own handler decides what follows (peak reserved {peak}{of} "
                     "until then).")
-        return f"the OOM the program caught in the recording, caught again; peak reserved {peak}{of}."
+        return (f"the OOM the program caught in the recording, caught again; peak reserved {peak}{of}"
+                + _path_change(result))
+    if result.path_changes_at is not None:
+        return f"peak reserved {peak}{of}" + _path_change(result)
     return f"peak reserved {peak}{of}; fits."
+
+
+def _path_change(result: SimResult) -> str:
+    """'.' or, where a request the recording failed fits, that the program's path changes."""
+    return f"; {result.path_change_words()}." if result.path_changes_at is not None else "."
 
 
 def _compared(draft: SimulationRow, applied: SimulationRow) -> str:

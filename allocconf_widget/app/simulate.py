@@ -98,11 +98,13 @@ class SourceOptions:
                 version = simulated_release(torch_version)
             except AllocConfError as exc:
                 raise AllocConfError(f"--torch-version: {exc}") from None
-        try:
-            total = parse_size(device_total) if device_total is not None else None  # '' too
-            other = parse_size(non_pytorch) if non_pytorch is not None else None
-        except ValueError as exc:
-            raise AllocConfError(str(exc)) from None
+        sizes: list[int | None] = []
+        for flag, text in (("--device-total", device_total), ("--non-pytorch", non_pytorch)):
+            try:
+                sizes.append(parse_size(text) if text is not None else None)  # '' too
+            except ValueError as exc:
+                raise AllocConfError(f"{flag}: {exc}") from None
+        total, other = sizes
         if total is not None and total < MIN_DEVICE_BYTES:  # every replay "OOM at event 0"
             raise AllocConfError(f"--device-total {printable(device_total or '', 40)!r} is less than "
                                  "1 MiB", fix="give the GPU's memory, e.g. 15GiB or 79.2GiB")
@@ -124,11 +126,27 @@ class SourceOptions:
             changed["torch_version"] = self.torch_version
         if self.device_total is not None:
             changed["device_total"] = self.device_total
+            if source.fraction is not None and source.device_total is not None:
+                changed["fraction"] = _same_limit(source.fraction, source.device_total,
+                                                  self.device_total)
         if self.non_pytorch_bytes is not None:
             changed["non_pytorch_bytes"] = self.non_pytorch_bytes
         if self.device is not None:
             changed["device"] = self.device
         return dataclasses.replace(source, **changed) if changed else source
+
+
+def _same_limit(fraction: float, recorded_total: int, total: int | None) -> float | None:
+    """The fraction of ``total`` whose limit is the one ``fraction`` of ``recorded_total`` set
+    (the recording's limit, told in another device size); None where that limit is the whole
+    device or more. Applying the share to the new size once replayed an H200 run under a limit
+    it never had (44/89 instead of 89/89)."""
+    if total is None or total == recorded_total:
+        return fraction
+    from allocconf_widget.core.sim.capacity import fraction_for
+
+    limit = int(fraction * recorded_total)
+    return None if limit >= total else fraction_for(limit, total)
 
 
 def file_source(path: str, *, torch_version: TorchVersion | None = None,
@@ -170,9 +188,16 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
         if non_pytorch_bytes is None and known.non_pytorch_bytes is not None:
             non_pytorch_bytes = known.non_pytorch_bytes
             used.append(f"memory outside PyTorch {format_bytes(non_pytorch_bytes)} (--non-pytorch)")
-        if known.fraction is not None:  # the run's own: the self-check keeps it, --fraction or not
-            fraction = known.fraction
-            used.append(f"the run's memory fraction {fraction:g} (--fraction for the rows)")
+        if known.fraction is not None and known.device_total_bytes is not None:
+            # the run's own limit, in bytes: the self-check keeps it, --fraction or not, and on
+            # another device size it is the same number of bytes, not the same share
+            fraction = _same_limit(known.fraction, known.device_total_bytes, device_total)
+            if device_total == known.device_total_bytes:
+                used.append(f"the run's memory fraction {known.fraction:g} (--fraction for the rows)")
+            else:
+                limit = format_bytes(int(known.fraction * known.device_total_bytes))
+                used.append(f"the run's memory limit {limit}, a fraction {known.fraction:g} of "
+                            f"{format_bytes(known.device_total_bytes)} (--fraction for the rows)")
         if torch_version is None and known.torch_version:
             torch_version = recorded_release(known.torch_version)
             if torch_version is not None:
@@ -837,13 +862,15 @@ def _checked_confs(confs: tuple[str, ...], version: TorchVersion, notes: list[st
     from allocconf_widget.core.config.conf import parse_conf
 
     out: list[str] = []
+    seen: set[str] = set()
     for conf in confs:
-        if conf in out:  # asked twice: one row, in every front end
-            continue
         try:
             parsed = parse_conf(conf, torch_version=version, warn=False)
         except AllocConfError as exc:
             raise AllocConfError(f"{conf!r}: {exc}") from None
+        if parsed.to_string() in seen:  # asked twice, in any spelling: one row in every front end
+            continue
+        seen.add(parsed.to_string())
         notes.extend(f"{conf!r}: {w.message}" for w in parsed.warnings
                      if not (fraction is not None and w.code == "gc-without-fraction"))
         out.append(conf)

@@ -35,6 +35,7 @@ class GpuProfile:
     capability: tuple[int, int]
     multiprocessors: int
     measured: bool = False  # total and context measured on the card (else nominal / assumed)
+    total_measured: bool = False  # the total as torch reported it on the card, the context assumed
 
     @property
     def usable_bytes(self) -> int:
@@ -49,7 +50,8 @@ class GpuProfile:
     def describe(self) -> str:
         from allocconf_widget.core.units import format_bytes
 
-        how = "measured" if self.measured else "nominal, context assumed"
+        how = ("measured" if self.measured else "total measured, context assumed"
+               if self.total_measured else "nominal, context assumed")
         return (f"{self.name}: {format_bytes(self.usable_bytes)} usable of "
                 f"{format_bytes(self.total_bytes)} ({how})")
 
@@ -61,7 +63,8 @@ PROFILES: dict[str, GpuProfile] = {p.key: p for p in (
     GpuProfile("a100-80", "NVIDIA A100-SXM4-80GB", 80 * GIB, ASSUMED_CONTEXT_BYTES, (8, 0), 108),
     # the total as torch 2.11 reports it on an H100 80GB HBM3 (the held-out recordings'
     # sidecars: 79.18 GiB, not 80 GiB); the context is assumed
-    GpuProfile("h100", "NVIDIA H100 80GB HBM3", 85_017_493_504, ASSUMED_CONTEXT_BYTES, (9, 0), 132),
+    GpuProfile("h100", "NVIDIA H100 80GB HBM3", 85_017_493_504, ASSUMED_CONTEXT_BYTES, (9, 0), 132,
+               total_measured=True),
     # measured: torch 2.11 on an H200 (the bundled recording's sidecar, device_total_bytes and
     # device_total - free_at_start_bytes)
     GpuProfile("h200", "NVIDIA H200", 150_109_880_320, 552_402_944, (9, 0), 132, measured=True),

@@ -206,6 +206,18 @@ def test_a_program_that_catches_its_ooms_is_never_called_dead(session, panel, tm
     assert "Not comparable past the first OOM the recording did not have" in panel.prediction.value
 
 
+def test_where_the_findings_failed_request_fits_the_panel_does_not_say_fits(session, panel, tmp_path):
+    """On a card with room for the request the finder's handler caught, that handler never runs
+    and the program takes a path nobody recorded: the Settings tab said "fits." while the
+    What-if table said the path changes (round 21's review)."""
+    import html
+
+    session.set_recording(_batch_finder(tmp_path, 8 * GIB))
+    shown = html.unescape(panel.prediction.value)
+    assert "in the recording fits here, so the program's OOM handler would not run" in shown, shown
+    assert "; fits." not in shown and "#8a6d00" in shown  # amber: not predicted past there
+
+
 def test_under_a_memory_fraction_the_peak_is_measured_against_its_limit(session, panel, tmp_path):
     """The finder recorded under a 3 GiB fraction of an H200: the Settings tab measures the
     peak against that limit (it said "of 138.67 GiB usable", the whole card)."""

@@ -41,10 +41,14 @@ def test_giving_the_devices_true_size_changes_nothing_of_a_sidecars_answer():
     assert _body(sized.stdout) == _body(plain.stdout)
     assert "89/89 recorded segment events reproduced" in sized.stdout
     assert "the run's memory fraction 0.056954" in sized.stderr
-    # a different size is used, and the note says the sidecar had another
+    # another size is used, the note says the sidecar had another, and the run keeps its limit
+    # in bytes: the self-check still reproduces it (the share of the new size gave 44/89)
     other = _cli(trace, "--device-total", "79.18GiB")
     assert other.returncode == 0, other.stderr
     assert "says the device had 139.80 GiB; replayed with --device-total 79.18 GiB" in other.stderr
+    assert "the run's memory limit 7.96 GiB, a fraction 0.056954 of 139.80 GiB" in other.stderr
+    assert "89/89 recorded segment events reproduced" in other.stdout
+    assert "limit of 7.96 GiB" in other.stdout
 
 
 def test_memory_outside_pytorch_beyond_a_sidecars_device_is_refused_and_changes_nothing():
@@ -106,16 +110,38 @@ def test_the_bundled_flight_recording_replays_with_its_own_facts():
 
 
 def test_a_setting_asked_for_twice_is_one_row():
-    run = _cli(str(DATA / "cnn__default.pickle.gz"), "--conf", "", "--conf", "")
+    run = _cli(str(DATA / "cnn__default.pickle.gz"), "--conf", "", "--conf", "", "--conf",
+               "expandable_segments:True", "--conf", " expandable_segments:True")
     assert run.returncode == 0, run.stderr
     assert sum(line.startswith("(torch defaults)") for line in run.stdout.splitlines()) == 1
+    assert sum("expandable_segments:True" in line for line in run.stdout.splitlines()) == 1
 
 
-def test_an_unknown_flag_shows_the_subcommands_usage():
+def test_an_unknown_flag_shows_the_usage_of_the_parser_it_was_given_to():
     run = _cli(str(DATA / "cnn__default.pickle.gz"), "--bogus")
     assert run.returncode == 2
     assert run.stderr.startswith("usage: allocconf simulate") and "--device-total" in run.stderr
     assert "unrecognized arguments: --bogus" in run.stderr
+    top = subprocess.run([sys.executable, "-m", "allocconf_widget", "--bogus", "simulate", "x"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert top.returncode == 2 and top.stderr.startswith("usage: allocconf [-h]")
+
+
+def test_a_size_that_cannot_be_read_names_its_flag():
+    run = _cli(str(DATA / "cnn__default.pickle.gz"), "--device-total", "80GiB", "--non-pytorch", "abc")
+    assert run.returncode == 2 and "--non-pytorch: cannot read 'abc' as a size" in run.stderr
+
+
+def test_a_split_limit_beside_expandable_segments_is_blamed_on_the_pair():
+    """Worse than now, the pair's reason said "mapping in 20 MiB pages costs more than it
+    saves" although expandable segments alone halve this run's peak."""
+    from allocconf_widget.app.simulate import SimulationRequest, file_source, simulate
+
+    report = simulate(file_source(str(DATA / "cnn__default.pickle.gz")), SimulationRequest(
+        rank=True, workers=1, confs=("max_split_size_mb:256,expandable_segments:True",)))
+    row = next(r for r in report.rows if r.conf == "max_split_size_mb:256,expandable_segments:True")
+    assert row.reason is not None and "drop the split limit" in row.reason
+    assert "costs more than it saves" not in row.reason
 
 
 @pytest.fixture

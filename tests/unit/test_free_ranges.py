@@ -17,8 +17,8 @@ ALIGN = 1 << 21
 
 def _check(ranges: FreeRanges) -> None:
     def walk(t: _Node | None, low: float, high: float) -> tuple[int, int]:
-        if t is None:
-            return 0, 0
+        if t is None:  # below any range's length or aligned room (an unaligned one's is negative)
+            return -(1 << 80), -(1 << 80)
         assert low <= t.key < high
         for child in (t.left, t.right):
             assert child is None or child.pr <= t.pr
@@ -48,7 +48,8 @@ def test_every_node_holds_after_random_adds_releases_and_takes() -> None:
                 ranges.release(addr, size)
             else:
                 slot = rng.randrange(4096)
-                addr, size = slot * 8 * ALIGN + rng.randrange(4) * ALIGN, rng.randrange(1, 5) * ALIGN // 2
+                addr = slot * 8 * ALIGN + rng.randrange(4) * ALIGN + rng.choice((0, 0, 4096))  # unaligned too
+                size = rng.randrange(1, 5) * ALIGN // 2
                 if all(addr + size <= a or a + s <= addr for a, s in taken) and not any(
                         start <= addr < start + length or addr <= start < addr + size
                         for start, length in ranges.items()):

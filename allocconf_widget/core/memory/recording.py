@@ -335,7 +335,7 @@ def read_sidecar(snapshot_path: str | os.PathLike[str]) -> SidecarRead:
     if not MIN_DEVICE_BYTES <= total <= SIDECAR_MAX_DEVICE_BYTES:
         return _bad_sidecar(sidecar, f"'device_total_bytes' {printable(repr(total), 40)} is not a "
                             "device's memory")
-    if non_pytorch is not None and not 0 <= non_pytorch <= total:
+    if non_pytorch is not None and not 0 <= non_pytorch < total:  # all of it: nothing left to replay
         non_pytorch = None
     version = rec.torch_version if rec.torch_version and len(rec.torch_version) <= 64 else None
     fraction = rec.fraction if rec.fraction is not None and 0.0 < rec.fraction < 1.0 else None

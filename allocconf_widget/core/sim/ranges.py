@@ -37,11 +37,15 @@ def _pull(t: _Node) -> None:
     ln, al = t.ln, t.al
     a, b = t.left, t.right
     if a is not None:
-        ln = max(ln, a.mln)
-        al = max(al, a.mal)
+        if a.mln > ln:  # noqa: PLR1730
+            ln = a.mln
+        if a.mal > al:  # noqa: PLR1730
+            al = a.mal
     if b is not None:
-        ln = max(ln, b.mln)
-        al = max(al, b.mal)
+        if b.mln > ln:  # noqa: PLR1730
+            ln = b.mln
+        if b.mal > al:  # noqa: PLR1730
+            al = b.mal
     t.mln, t.mal = ln, al
 
 
@@ -109,8 +113,10 @@ class FreeRanges:
         parent: _Node | None = None
         t = self.root
         while t is not None and t.pr > pr:  # _merge keeps the higher priority on top
-            t.mln = max(t.mln, length)
-            t.mal = max(t.mal, al)
+            if t.mln < length:  # noqa: PLR1730 - a builtin call per level costs more
+                t.mln = length
+            if t.mal < al:  # noqa: PLR1730
+                t.mal = al
             parent = t
             t = t.left if start < t.key else t.right
         node.left, node.right = _split(t, start)

@@ -316,8 +316,8 @@ _WHY_WORSE = {
     "expandable": "mapping in {page} pages costs more than it saves for this trace",
     "max_split": "blocks of {split} and more are reused only for requests within {slack} "
     "of their size and released only on the OOM path, so large requests keep adding segments",
-    "max_split_expandable": "a split limit beside expandable segments can let reserved memory grow "
-    "while little is allocated (pytorch/pytorch#123548): the expandable segments do the work here",
+    "max_split_expandable": "a split limit beside expandable segments lets reserved memory grow "
+    "while little is allocated (pytorch/pytorch#123548), as here: drop the split limit",
     "roundup": "rounding sizes up to 1/{div} steps of a power of two pads every allocation",
     "gc": "releasing idle segments early means re-allocating them later",
     "defaults": "torch's defaults",
@@ -402,11 +402,12 @@ def _why(kind: str, s: SimSettings, *, better: bool, idle_split: bool = False) -
     worse than torch's defaults; an idle split limit (``idle_split``) is said apart."""
     if kind in ("combo", "extra"):
         parts = []
-        if s.expandable_segments:
-            parts.append("expandable")
+        paired = s.expandable_segments and s.max_split_bytes is not None and not idle_split
+        if s.expandable_segments and (better or not paired):
+            parts.append("expandable")  # worse with a split limit beside it: the pair's doing
         if s.max_split_bytes is not None and not idle_split:
             # beside expandable segments a split limit is what the settings warning is about
-            parts.append("max_split_expandable" if s.expandable_segments else "max_split")
+            parts.append("max_split_expandable" if paired else "max_split")
         if any(s.roundup_slots):
             parts.append("roundup")
         if s.gc_threshold:

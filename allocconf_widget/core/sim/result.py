@@ -314,7 +314,7 @@ class SimResult:
             # it had): the handler decides, as every other view says (handler_decides)
             if self.handler_decides or not self.oom.recorded:
                 return "yes; the program catches it and its handler decides what follows"
-            return "caught, as recorded" + self._path_change_tail()
+            return "caught, as recorded" + self.path_change_tail()
         confident = self.fidelity is not None and self.fidelity.confident
         if self.outlives_recording:  # "no" would promise the part of the run nobody recorded
             said = ("past the recorded OOM; the rest of the run was never recorded"
@@ -322,9 +322,10 @@ class SimResult:
             return said + ("; the latest GPU timing runs out" if self.timing_oom else "")
         said = "no" if confident else "no (unverified: see the self-check)"
         return (said + ("; the latest GPU timing runs out" if self.timing_oom else "")
-                + self._path_change_tail())
+                + self.path_change_tail())
 
-    def _path_change_tail(self) -> str:
+    def path_change_tail(self) -> str:
+        """'' or the short form of :meth:`path_change_words`, to follow a verdict."""
         return (f"; the request that failed at event {self.path_changes_at:,} fits here, so the "
                 "run's path changes there" if self.path_changes_at is not None else "")
 

@@ -27,10 +27,7 @@ def _oom_cell(row: SimulationRow) -> str:
         return result.oom_verdict()  # "no" only beside a confident self-check, as --json says
     if not result.oom_fatal:  # a program that catches its OOMs: never a dead run
         if not result.handler_decides:
-            return f"caught at event {oom.event_index:,}, as recorded" + (
-                f"; the request that failed at event {result.path_changes_at:,} fits here, so the "
-                "run's path changes there"
-                if result.path_changes_at is not None else "")
+            return f"caught at event {oom.event_index:,}, as recorded" + result.path_change_tail()
         return (f"at event {oom.event_index:,} ({format_bytes(oom.segment_bytes)}): the program "
                 "catches it; its handler decides what follows")
     return (f"at event {oom.event_index:,} ({format_bytes(oom.segment_bytes)}"

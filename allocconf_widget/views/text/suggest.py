@@ -29,11 +29,19 @@ def parse_words(parser: argparse.ArgumentParser, words: list[str] | None) -> arg
     """``parser.parse_args(words)``, except that arguments nobody takes are refused by the
     subcommand's parser: argparse's own refusal printed the top-level usage (``allocconf
     [-h] [--version] COMMAND ...``) for ``allocconf simulate F --bogus``, not simulate's options."""
-    args, extra = parser.parse_known_args(words)
+    import sys
+
+    given = list(sys.argv[1:] if words is None else words)
+    args, extra = parser.parse_known_args(given)
     if extra:
         command = getattr(args, "command", None)
         subparsers = [action for action in parser._actions
                       if isinstance(action, argparse._SubParsersAction)]
         sub = subparsers[0].choices.get(command) if subparsers and command else None
-        (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}")
+        # a flag typed before the subcommand (``allocconf --bogus simulate F``) is the top
+        # level's to refuse
+        at = given.index(command) if command in given else len(given)
+        if sub is None or any(given.index(word) < at for word in extra if word in given):
+            sub = parser
+        sub.error(f"unrecognized arguments: {' '.join(extra)}")
     return args
