@@ -68,25 +68,42 @@ def timing_variants(trace: Trace) -> TimingVariants | None:
     return cached
 
 
-def _waits(trace: Trace) -> dict[int, int]:
-    """Each free that waited on another stream: its completion's row -> its request's row, in
-    the order of the completions."""
+@dataclasses.dataclass(frozen=True)
+class _Waits:
+    """The frees that waited on another stream, paired as the recording shows them."""
+
+    #: each completion's row -> its request's row, in the order of the completions
+    pair: dict[int, int]
+    #: the first request no completion answered (the free was still waiting when the snapshot
+    #: was taken), or None
+    first_pending: int | None
+
+
+def _waits(trace: Trace) -> _Waits:
     ops, aids = trace.ops, trace.addr_ids
     requested: dict[int, int] = {}  # aid -> row of its free_requested
     pair: dict[int, int] = {}  # completion row -> request row
+    first_pending: int | None = None
     for row in rows_with(ops, (OP_FREE_REQUESTED, OP_FREE_COMPLETED)):
         if ops[row] == OP_FREE_REQUESTED:
+            # a request replaced by another of the same address is never answered either
+            replaced = requested.get(aids[row])
+            if replaced is not None and (first_pending is None or replaced < first_pending):
+                first_pending = replaced
             requested[aids[row]] = row
         else:
             start = requested.pop(aids[row], None)
             if start is not None:
                 pair[row] = start
-    return pair
+    left = min(requested.values(), default=None)
+    if left is not None and (first_pending is None or left < first_pending):
+        first_pending = left
+    return _Waits(pair, first_pending)
 
 
 def _build(trace: Trace) -> TimingVariants:
     aids = trace.addr_ids
-    pair = _waits(trace)
+    pair = _waits(trace).pair
     if not pair:
         return TimingVariants(trace, trace)
     completions = sorted(pair)
@@ -115,7 +132,7 @@ def host_ran_ahead(trace: Trace) -> bool | None:
     # search of the rows between each request and its completion went quadratic
     last_alloc, searched = -1, 0
     waits = _waits(trace)
-    for completed, start in waits.items():
+    for completed, start in waits.pair.items():
         found = codes.rfind(alloc, searched, completed)
         if found >= 0:
             last_alloc = found
@@ -124,8 +141,7 @@ def host_ran_ahead(trace: Trace) -> bool | None:
             return True
     # a free still waiting when the snapshot was taken, with allocations after its request:
     # the CPU was ahead there too (the commonest case: a snapshot taken mid-step)
-    answered = set(waits.values())
-    pending = next((row for row in rows_with(ops, (OP_FREE_REQUESTED,)) if row not in answered), None)
+    pending = waits.first_pending
     return pending is not None and codes.rfind(alloc, pending) > pending
 
 
