@@ -46,7 +46,8 @@ from allocconf_widget.core.sim import engine as sim_engine  # noqa: E402
 from allocconf_widget.core.sim.engine import VA_ALIGN, AddressSpace, Engine  # noqa: E402
 from allocconf_widget.core.sim.result import compare_segments  # noqa: E402
 from allocconf_widget.core.sim.settings import SimSettings  # noqa: E402
-from allocconf_widget.core.sim.trace import Trace, extract_trace  # noqa: E402
+from allocconf_widget.core.sim.trace.extract import extract_trace  # noqa: E402
+from allocconf_widget.core.sim.trace.model import Trace  # noqa: E402
 
 MiB = 1 << 20
 SMALL_SEGMENT = 2 * MiB  # small-pool segments are exactly 2 MiB; large ones never are

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from allocconf_widget.core.sim.trace import decode_entries
+from allocconf_widget.core.sim.trace.decode import decode_entries
 
 MiB = 1 << 20
 

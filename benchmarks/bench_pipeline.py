@@ -101,7 +101,7 @@ def _worker(path: str, workers: int) -> None:
     import warnings
 
     from allocconf_widget.app.simulate import SimulationRequest, file_source, simulate
-    from allocconf_widget.core.sim.trace import extract_trace
+    from allocconf_widget.core.sim.trace.extract import extract_trace
 
     memory = _PeakMemory().__enter__()
     t0 = time.perf_counter()

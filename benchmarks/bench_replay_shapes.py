@@ -38,7 +38,7 @@ def _worker(shape: str, n: int) -> None:
     sys.path.append(str(ROOT))  # for tests.hostile; the package comes from PYTHONPATH first
     from allocconf_widget.core.sim.settings import SimSettings
     from allocconf_widget.core.sim.simulator import simulate
-    from allocconf_widget.core.sim.trace import extract_trace
+    from allocconf_widget.core.sim.trace.extract import extract_trace
     from tests.hostile.replay_shapes import SHAPES
 
     build, conf = SHAPES[shape]

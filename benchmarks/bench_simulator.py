@@ -26,7 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from allocconf_widget.core.memory.snapshot import load_snapshot
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import simulate, simulate_many
-from allocconf_widget.core.sim.trace import Trace, decode_entries, extract_trace
+from allocconf_widget.core.sim.trace.decode import decode_entries
+from allocconf_widget.core.sim.trace.extract import extract_trace
+from allocconf_widget.core.sim.trace.model import Trace
 from allocconf_widget.core.units import format_bytes
 from tests.trace_builder import TraceBuilder
 

@@ -1,6 +1,4 @@
 """A synthetic trace writer for tests and benchmarks: snapshot-format entries, by hand.
-
-It used to live in ``core/sim/trace.py``; it is a test fixture, so it lives with the tests.
 """
 
 from __future__ import annotations
@@ -8,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from allocconf_widget.core.sim.trace import Trace, decode_entries
+from allocconf_widget.core.sim.trace.decode import decode_entries
+from allocconf_widget.core.sim.trace.model import Trace
 
 
 class TraceBuilder:

@@ -12,7 +12,7 @@ What must not happen: CUDA starting, which freezes the allocator settings the us
 choosing. :class:`DryRun` therefore blocks fake-tensor's GPU-context warm-up
 (``torch_private.GpuContextInitBlocked``) and answers the ``torch.cuda`` queries a training
 script makes (``is_bf16_supported``, ``get_device_properties`` …) from a
-:class:`~allocconf_widget.core.gpu_profiles.GpuProfile`. docs/dryrun.md lists what a dry run
+:class:`~allocconf_widget.core.dryrun.profiles.GpuProfile`. docs/dryrun.md lists what a dry run
 cannot see and how far its predictions were from real runs.
 """
 
@@ -33,7 +33,7 @@ from typing import Any
 
 from allocconf_widget._errors import RuntimeStateError
 from allocconf_widget.adapters import torch_private as tp
-from allocconf_widget.core.gpu_profiles import Convolution, GpuProfile
+from allocconf_widget.core.dryrun.profiles import Convolution, GpuProfile
 
 #: fake addresses start here and grow by each block's 512-byte-aligned size (never reused,
 #: so every free names exactly one allocation)
@@ -225,16 +225,16 @@ _ATTENTION_BACKWARD = "_scaled_dot_product_cudnn_attention_backward"
 
 
 class _Rules:
-    """Allocations the GPU's libraries make that fake tensors do not show (core/gpu_profiles).
+    """Allocations the GPU's libraries make that fake tensors do not show (core/dryrun/profiles).
 
     * a cuBLAS workspace per thread at its first matmul, held to the end (the forward runs on
       the caller's thread, the backward on autograd's device thread: two workspaces);
     * cuDNN's workspaces, each taken once the output it works for exists and freed before the
-      next allocation, sized by the rule measured on the H200 (``core.gpu_profiles.conv_workspaces``).
+      next allocation, sized by the rule measured on the H200 (``core.dryrun.profiles.conv_workspaces``).
     """
 
     def __init__(self, torch: ModuleType, log: _Log, gpu: GpuProfile) -> None:
-        from allocconf_widget.core.gpu_profiles import cublas_workspace_bytes
+        from allocconf_widget.core.dryrun.profiles import cublas_workspace_bytes
 
         self.torch, self.log = torch, log
         self.cublas = cublas_workspace_bytes(gpu)
@@ -267,7 +267,7 @@ class _Rules:
             return self._attention_backward(args, out)
         if name not in _CONVS or not _on_cuda(self.torch, args):
             return {}
-        from allocconf_widget.core.gpu_profiles import conv_workspaces
+        from allocconf_widget.core.dryrun.profiles import conv_workspaces
 
         conv = _convolution(self.torch, name, args, out)
         if conv is None:
@@ -286,7 +286,7 @@ class _Rules:
 
     def _attention_backward(self, args: Any, out: Any) -> dict[int, int]:
         """cuDNN attention's backward: its buffers, taken once its last gradient exists."""
-        from allocconf_widget.core.gpu_profiles import attention_backward_workspace_bytes
+        from allocconf_widget.core.dryrun.profiles import attention_backward_workspace_bytes
 
         torch = self.torch
         if len(args) < 6 or not all(isinstance(a, torch.Tensor) for a in args[1:3]):

@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from allocconf_widget.core.gpu_profiles import GpuProfile
+    from allocconf_widget.core.dryrun.profiles import GpuProfile
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def process_used_bytes(index: int, pid: int | None = None) -> int | None:
 
 def runtime_profile(index: int = 0) -> GpuProfile | None:
     """The GPU this runtime has, as a dry-run profile (NVML only: CUDA does not start)."""
-    from allocconf_widget.core.gpu_profiles import match_name
+    from allocconf_widget.core.dryrun.profiles import match_name
 
     found = gpus()
     if not found or not 0 <= index < len(found):

@@ -21,7 +21,7 @@ from allocconf_widget._errors import RuntimeStateError
 from allocconf_widget.adapters import torch_private
 from allocconf_widget.adapters.fraction_calls import noting_fraction_calls
 from allocconf_widget.core.sim.limits import FRACTION_CHANGES_KEY
-from allocconf_widget.core.sim.trace import CELL_START_KEY, CellStart, cell_traces
+from allocconf_widget.core.sim.trace.cells import CELL_START_KEY, CellStart, cell_traces
 
 DEFAULT_MAX_ENTRIES = 1_000_000
 #: the ring buffer a recorded cell may ask for: torch takes any int (and fails with a raw

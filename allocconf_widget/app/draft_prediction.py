@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from allocconf_widget.app.session import Session
     from allocconf_widget.app.simulate import SimulationRow, TraceSource
     from allocconf_widget.core.sim.result import SimResult
-    from allocconf_widget.core.sim.trace import Trace
+    from allocconf_widget.core.sim.trace.model import Trace
 
 #: trace entries above which a draft is not replayed at every slider move (three replays of a
 #: million entries take seconds: ``%allocconf simulate`` ranks such a recording once instead)

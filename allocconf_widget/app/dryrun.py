@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from allocconf_widget._errors import AllocConfError, AllocConfWarning, RuntimeStateError
-from allocconf_widget.core.dryrun_facts import GAPS, LABEL, SNAPSHOT_MARK
-from allocconf_widget.core.gpu_profiles import GpuProfile, profile
+from allocconf_widget.core.dryrun.facts import GAPS, LABEL, SNAPSHOT_MARK
+from allocconf_widget.core.dryrun.profiles import GpuProfile, profile
 from allocconf_widget.core.units import format_bytes
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ class DryRunResult:
     def decoded(self) -> Any:
         """The decoded trace (once): every :func:`predict` on this run shares it."""
         if self._decoded is None:
-            from allocconf_widget.core.sim.trace import extract_trace
+            from allocconf_widget.core.sim.trace.extract import extract_trace
 
             self._decoded = extract_trace(self.snapshot())
         return self._decoded

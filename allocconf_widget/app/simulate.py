@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from allocconf_widget.core.config.conf import AllocConf
     from allocconf_widget.core.sim.result import Fidelity, SimResult
     from allocconf_widget.core.sim.settings import SimSettings
-    from allocconf_widget.core.sim.trace import Trace
+    from allocconf_widget.core.sim.trace.model import Trace
 
 T = TypeVar("T")
 
@@ -57,7 +57,7 @@ class TraceSource:
         if self.decoded is not None and self.device in (None, self.decoded.device):
             return self.decoded
         from allocconf_widget.core.memory.snapshot import trace_cut
-        from allocconf_widget.core.sim.trace import extract_trace
+        from allocconf_widget.core.sim.trace.extract import extract_trace
 
         if trace_cut(self.snapshot, self.device):  # file_source kept its own device's decode only
             held = "another device" if self.decoded is None else f"device {self.decoded.device}"
@@ -162,7 +162,7 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
     """
     from allocconf_widget.core.memory.recording import read_sidecar
     from allocconf_widget.core.memory.snapshot import load_snapshot_deriving
-    from allocconf_widget.core.sim.trace import extract_trace, read_pickled_trace
+    from allocconf_widget.core.sim.trace.extract import extract_trace, read_pickled_trace
     from allocconf_widget.core.units import format_bytes
 
     # decoded in a child beside the checks (every caller replays it next); None: decoded later
@@ -206,7 +206,7 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
             notes.append(f"from the recording's sidecar {known.path.name}: {', '.join(used)}; "
                          "the option in brackets overrides it")
     label = printable(path, 300)  # a name with an escape sequence must not reach a terminal raw
-    from allocconf_widget.core.dryrun_facts import GAPS, LABEL, SNAPSHOT_MARK
+    from allocconf_widget.core.dryrun.facts import GAPS, LABEL, SNAPSHOT_MARK
 
     mark = snapshot.get(SNAPSHOT_MARK)
     if isinstance(mark, dict):  # written by app/dryrun: an estimate, named as the session names it
@@ -231,7 +231,7 @@ def trace_torch_version(snapshot: Mapping[str, Any], trace: Trace, *, device_tot
                         non_pytorch_bytes: int, fraction: float | None) -> VersionChoice:
     """The release whose rules best reproduce ``trace`` (snapshots do not record their torch)."""
     from allocconf_widget.core.sim.simulator import infer_torch_version
-    from allocconf_widget.core.sim.trace import guess_torch_version
+    from allocconf_widget.core.sim.trace.extract import guess_torch_version
 
     floor, why = guess_torch_version(snapshot)
     installed = installed_torch_version()

@@ -89,7 +89,7 @@ def child_plan(workload: str, sizes: list[int], fraction_bytes: int) -> dict:
     from dryrun_workloads import WORKLOADS
 
     from allocconf_widget.app.dryrun import plan_batch
-    from allocconf_widget.core.gpu_profiles import GpuProfile
+    from allocconf_widget.core.dryrun.profiles import GpuProfile
 
     t4ish = GpuProfile("t4-emulated", "H200 under a T4-sized fraction", fraction_bytes, 0, (9, 0), 132)
     plan = plan_batch(lambda b: WORKLOADS[workload]("cuda", b), sizes, confs=("",), gpus=(t4ish,))

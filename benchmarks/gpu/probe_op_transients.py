@@ -6,7 +6,7 @@ workload for real with a ``TorchDispatchMode`` that, around every op, resets the
 peak counter and reads it back: ``transient = peak during the op - allocated after it`` is what
 the op held only while it ran. One JSON line per op with a transient (and its operands'
 shapes, dtypes, strides and the convolution's parameters), for fitting the rules in
-``core/gpu_profiles.py``::
+``core/dryrun/profiles.py``::
 
     python benchmarks/gpu/probe_op_transients.py --out results/ [--workloads resnet18,lightning]
 

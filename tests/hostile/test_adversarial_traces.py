@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from allocconf_widget.core.sim.trace import extract_trace
+from allocconf_widget.core.sim.trace.extract import extract_trace
 
 MiB = 1 << 20
 BASE = 0x7F00_0000_0000
@@ -124,7 +124,7 @@ def test_a_new_stream_or_pool_per_entry_is_refused_past_the_lane_limit(key: str)
     stream (or pool id) per allocation cost 14 KiB and 0.5 ms per entry per setting replayed.
     The limit stays far above the valid shapes above (20,000 pools or streams)."""
     from allocconf_widget._errors import SnapshotError
-    from allocconf_widget.core.sim.trace import MAX_LANES
+    from allocconf_widget.core.sim.trace.decode import MAX_LANES
 
     def entry(i: int) -> dict[str, Any]:
         where: dict[str, Any] = {"stream": i + 1} if key == "stream" else {"stream": 0, "pool_id": (i, i)}

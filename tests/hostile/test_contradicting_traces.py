@@ -7,7 +7,7 @@ Found by an attack on the replay (round 10); each broke it before the fix:
   ``empty_cache()`` put it into a free list twice (``KeyError`` inside the hot loop);
 * malloc's sync completes a ``record_stream`` free, its segment is released and the driver
   hands the same address to the next segment: the decoder moves that completion after the
-  next ``alloc`` (``trace._hold_sync_completions``), which had the same address, so the
+  next ``alloc`` (``decode._Decoder._hold_sync_completions``), which had the same address, so the
   replay freed the *new* block (peak 200 MiB of a real 300);
 * two ``segment_alloc`` at one address: ``KeyError`` in the pool attribution;
 * a 400-digit ``allocconf_cell_start`` time: ``OverflowError`` in the field check.
@@ -30,7 +30,7 @@ import pytest
 
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import simulate
-from allocconf_widget.core.sim.trace import decode_entries
+from allocconf_widget.core.sim.trace.decode import decode_entries
 
 REPO = Path(__file__).resolve().parents[2]
 MiB = 1 << 20

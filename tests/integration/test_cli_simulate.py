@@ -15,7 +15,7 @@ import pytest
 
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import simulate
-from allocconf_widget.core.sim.trace import SEG_NAMES
+from allocconf_widget.core.sim.trace.codes import SEG_NAMES
 from allocconf_widget.core.versions import TorchVersion
 from tests.trace_builder import TraceBuilder
 

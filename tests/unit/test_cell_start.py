@@ -18,7 +18,7 @@ import pytest
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import simulate
 from allocconf_widget.core.sim.state import INITIAL_SEGMENTS_KEY
-from allocconf_widget.core.sim.trace import extract_trace
+from allocconf_widget.core.sim.trace.extract import extract_trace
 from allocconf_widget.core.versions import parse_version
 from tests.snapshot_builders import block, segment, snapshot
 
@@ -130,7 +130,7 @@ def test_an_empty_allocator_at_the_cell_start_ignores_earlier_cells() -> None:
 
 
 def test_the_key_is_the_recorders() -> None:
-    from allocconf_widget.core.sim import trace
+    from allocconf_widget.core.sim.trace import cells as trace
 
     assert trace.CELL_START_KEY == CELL_START_KEY
 
@@ -138,7 +138,7 @@ def test_the_key_is_the_recorders() -> None:
 def test_the_recorder_keeps_only_the_cells_entries() -> None:
     """What the magic prints ("Recorded N allocator events") counts the cell, not the buffer."""
     snap = _recording(3000)
-    from allocconf_widget.core.sim.trace import CellStart, cell_traces
+    from allocconf_widget.core.sim.trace.cells import CellStart, cell_traces
 
     mark = snap[CELL_START_KEY]
     trimmed = cell_traces(snap["device_traces"], snap[INITIAL_SEGMENTS_KEY],

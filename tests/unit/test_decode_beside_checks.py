@@ -19,7 +19,8 @@ from allocconf_widget.core.memory.snapshot import (
     load_snapshot_deriving,
     trace_cut,
 )
-from allocconf_widget.core.sim.trace import Trace, extract_trace, guess_torch_version, read_pickled_trace
+from allocconf_widget.core.sim.trace.extract import extract_trace, guess_torch_version, read_pickled_trace
+from allocconf_widget.core.sim.trace.model import Trace
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 RECORDINGS = sorted(DATA.glob("*.pickle.gz"))

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from allocconf_widget._errors import AllocConfError
-from allocconf_widget.core.gpu_profiles import (
+from allocconf_widget.core.dryrun.profiles import (
     PROFILES,
     Convolution,
     ConvWorkspaces,
@@ -272,7 +272,7 @@ def test_predict_replays_a_recording_too():
     from allocconf_widget.app.dryrun import predict
     from allocconf_widget.app.session import Session
     from allocconf_widget.app.simulate import trace_source
-    from allocconf_widget.core.sim.trace import extract_trace
+    from allocconf_widget.core.sim.trace.extract import extract_trace
 
     source = trace_source(Session())  # no recording, no dry run: the bundled one
     decoded = extract_trace(source.snapshot)

@@ -27,7 +27,7 @@ from allocconf_widget.app.simulate import (
 )
 from allocconf_widget.core.memory.snapshot import load_snapshot
 from allocconf_widget.core.sim.capacity import fraction_for, held_limit, replay_room
-from allocconf_widget.core.sim.trace import extract_trace
+from allocconf_widget.core.sim.trace.extract import extract_trace
 from allocconf_widget.core.versions import TorchVersion
 from tests.trace_builder import TraceBuilder
 

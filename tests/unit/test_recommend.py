@@ -11,7 +11,7 @@ from allocconf_widget._errors import AllocConfError
 from allocconf_widget.core.memory.snapshot import load_snapshot
 from allocconf_widget.core.sim.recommend import candidate_confs, recommend
 from allocconf_widget.core.sim.settings import SimSettings
-from allocconf_widget.core.sim.trace import extract_trace
+from allocconf_widget.core.sim.trace.extract import extract_trace
 from allocconf_widget.core.units import format_bytes
 from allocconf_widget.core.versions import TorchVersion
 from tests.trace_builder import TraceBuilder

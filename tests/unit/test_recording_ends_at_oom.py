@@ -11,7 +11,7 @@ from allocconf_widget.app.simulate import SimulationRequest, TraceSource, simula
 from allocconf_widget.core.sim.result import SimResult
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import simulate as replay
-from allocconf_widget.core.sim.trace import Trace
+from allocconf_widget.core.sim.trace.model import Trace
 from allocconf_widget.core.versions import TorchVersion
 from tests.trace_builder import TraceBuilder
 

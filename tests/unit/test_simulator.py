@@ -14,7 +14,7 @@ import pytest
 from allocconf_widget.core.sim.engine import Engine
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import SimResult, simulate, simulate_many
-from allocconf_widget.core.sim.trace import SEG_NAMES
+from allocconf_widget.core.sim.trace.codes import SEG_NAMES
 from tests.trace_builder import TraceBuilder
 
 MiB = 1 << 20

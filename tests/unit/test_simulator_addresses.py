@@ -9,7 +9,7 @@ at 32 MiB-aligned starts, freed ranges reused.
 from __future__ import annotations
 
 from allocconf_widget.core.sim.engine import AddressSpace
-from allocconf_widget.core.sim.trace import SEG_ALLOC, SEG_FREE
+from allocconf_widget.core.sim.trace.codes import SEG_ALLOC, SEG_FREE
 from tests.trace_builder import TraceBuilder
 from tests.unit.test_simulator import run, settings
 

@@ -20,7 +20,7 @@ from allocconf_widget.app.simulate import SimulationReport
 from allocconf_widget.core.memory.snapshot import load_snapshot
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import extract_trace, simulate
-from allocconf_widget.core.sim.trace import OP_FREE_COMPLETED, OP_FREE_REQUESTED
+from allocconf_widget.core.sim.trace.codes import OP_FREE_COMPLETED, OP_FREE_REQUESTED
 from tests.trace_builder import TraceBuilder
 
 MiB = 1 << 20

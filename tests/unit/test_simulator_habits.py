@@ -21,7 +21,10 @@ from allocconf_widget.core.sim.capacity import CUDA_CONTEXT_BYTES, estimate_non_
 from allocconf_widget.core.sim.pools import INFERRED_POOL
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import self_check, simulate
-from allocconf_widget.core.sim.trace import OP_EMPTY_CACHE, Trace, decode_entries, extract_trace
+from allocconf_widget.core.sim.trace.codes import OP_EMPTY_CACHE
+from allocconf_widget.core.sim.trace.decode import decode_entries
+from allocconf_widget.core.sim.trace.extract import extract_trace
+from allocconf_widget.core.sim.trace.model import Trace
 from allocconf_widget.core.versions import TorchVersion
 
 DATA = Path(__file__).resolve().parents[2] / "tests" / "data"

@@ -19,7 +19,7 @@ from allocconf_widget.core.sim import simulator
 from allocconf_widget.core.sim.result import SimResult
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import simulate, simulate_many
-from allocconf_widget.core.sim.trace import Trace
+from allocconf_widget.core.sim.trace.model import Trace
 from allocconf_widget.core.versions import TorchVersion
 from tests.trace_builder import TraceBuilder
 from tests.unit.test_simulator_twins import _alike, _s

@@ -8,7 +8,7 @@ from allocconf_widget._errors import SnapshotError
 from allocconf_widget.core.sim.limits import FRACTION_CHANGES_KEY
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import simulate
-from allocconf_widget.core.sim.trace import extract_trace
+from allocconf_widget.core.sim.trace.extract import extract_trace
 from tests.trace_builder import TraceBuilder
 
 MiB = 1 << 20

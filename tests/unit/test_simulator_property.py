@@ -14,7 +14,8 @@ from allocconf_widget.core.sim.blocks import Block
 from allocconf_widget.core.sim.engine import Engine
 from allocconf_widget.core.sim.settings import SimSettings, round_size
 from allocconf_widget.core.sim.simulator import self_check, simulate
-from allocconf_widget.core.sim.trace import SEG_NAMES, decode_entries
+from allocconf_widget.core.sim.trace.codes import SEG_NAMES
+from allocconf_widget.core.sim.trace.decode import decode_entries
 from allocconf_widget.core.versions import TorchVersion
 from tests.trace_builder import TraceBuilder
 

@@ -27,7 +27,7 @@ from allocconf_widget._errors import AllocConfWarning
 from allocconf_widget.core.memory.snapshot import load_snapshot
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import simulate
-from allocconf_widget.core.sim.trace import extract_trace, guess_torch_version
+from allocconf_widget.core.sim.trace.extract import extract_trace, guess_torch_version
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"

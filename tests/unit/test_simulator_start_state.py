@@ -32,7 +32,9 @@ from allocconf_widget.core.sim.state import (
     StateSegment,
     reconstruct_initial_state,
 )
-from allocconf_widget.core.sim.trace import SEG_NAMES, decode_entries, extract_trace
+from allocconf_widget.core.sim.trace.codes import SEG_NAMES
+from allocconf_widget.core.sim.trace.decode import decode_entries
+from allocconf_widget.core.sim.trace.extract import extract_trace
 from allocconf_widget.core.versions import TorchVersion
 from tests.snapshot_builders import block, segment, snapshot
 

@@ -18,7 +18,7 @@ from allocconf_widget.core.memory.snapshot import load_snapshot
 from allocconf_widget.core.sim.result import SimResult
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import extract_trace, simulate, simulate_many
-from allocconf_widget.core.sim.trace import Trace
+from allocconf_widget.core.sim.trace.model import Trace
 from tests.snapshot_builders import block, segment
 from tests.trace_builder import TraceBuilder
 from tests.unit.test_simulator_start_state import BASE, entry, free, seeded

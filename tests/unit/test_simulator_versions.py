@@ -15,7 +15,7 @@ from allocconf_widget.core.sim.settings import (
     round_size,
 )
 from allocconf_widget.core.sim.simulator import infer_torch_version, simulate
-from allocconf_widget.core.sim.trace import decode_entries
+from allocconf_widget.core.sim.trace.decode import decode_entries
 from allocconf_widget.core.versions import TorchVersion, simulated_release
 from tests.trace_builder import TraceBuilder
 from tests.unit.test_simulator import MiB, run, segs, settings

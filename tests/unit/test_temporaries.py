@@ -17,19 +17,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from allocconf_widget.core.memory.snapshot import load_snapshot
-from allocconf_widget.core.sim import trace as trace_module
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import simulate
-from allocconf_widget.core.sim.trace import (
+from allocconf_widget.core.sim.trace import model as trace_module
+from allocconf_widget.core.sim.trace.codes import (
     OP_ALLOC,
     OP_ALLOC_FREED_NEXT,
     OP_FREE,
     OP_FREE_COMPLETED,
     OP_FREE_REQUESTED,
-    Trace,
-    decode_entries,
-    extract_trace,
 )
+from allocconf_widget.core.sim.trace.decode import decode_entries
+from allocconf_widget.core.sim.trace.extract import extract_trace
+from allocconf_widget.core.sim.trace.model import Trace
 from allocconf_widget.core.versions import TorchVersion
 from tests.trace_builder import TraceBuilder
 
@@ -54,7 +54,7 @@ def _both(make: Any, s: SimSettings, **kw: Any) -> tuple[dict[str, Any], dict[st
     """(skipping temporaries, replaying every row), each on a trace decoded afresh: the replay
     columns are built once per trace."""
     skipped = _result(make(), s, **kw)
-    with mock.patch.object(trace_module, "_ops_marking_temporaries", _every_row):
+    with mock.patch.object(trace_module, "ops_marking_temporaries", _every_row):
         every = _result(make(), s, **kw)
     return skipped, every
 

@@ -1,4 +1,4 @@
-"""Decoding snapshot traces into replay arrays (core/sim/trace.py)."""
+"""Decoding snapshot traces into replay arrays (core/sim/trace/)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from allocconf_widget._errors import SnapshotError
 from allocconf_widget.core.memory.snapshot import load_snapshot
-from allocconf_widget.core.sim.trace import (
+from allocconf_widget.core.sim.trace.codes import (
     OP_ALLOC,
     OP_ALLOC_FREED_NEXT,
     OP_EMPTY_CACHE,
@@ -18,10 +18,9 @@ from allocconf_widget.core.sim.trace import (
     OP_OOM,
     SEG_ALLOC,
     SEG_FREE,
-    decode_entries,
-    extract_trace,
-    guess_torch_version,
 )
+from allocconf_widget.core.sim.trace.decode import decode_entries
+from allocconf_widget.core.sim.trace.extract import extract_trace, guess_torch_version
 from tests.trace_builder import TraceBuilder
 
 MiB = 1 << 20

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Any, Generic, TypedDict, TypeVar, cast
 
 from allocconf_widget._errors import SnapshotError, printable
-from allocconf_widget.core.gcpause import paused_gc
+from allocconf_widget.core.memory.gcpause import paused_gc
 from allocconf_widget.core.memory.snapshot_fields import check_fields, short_repr
 from allocconf_widget.core.memory.unpickle_guard import load_checked
 from allocconf_widget.core.units import format_bytes
@@ -460,7 +460,7 @@ def _load(source: str | os.PathLike[str] | bytes | IO[bytes], derive: Callable[[
             raise ValueError("not a snapshot's head")
         return cast(Snapshot, head), read_derived(packed[8 + size:])
 
-    with paused_gc():  # millions of plain dicts, no cycles (core/gcpause.py)
+    with paused_gc():  # millions of plain dicts, no cycles (core/memory/gcpause.py)
         # in a forked child first: some pickles crash or exhaust the unpickler itself
         if derive is None:
             loaded = load_checked(data, what, lambda raw: _unpickle(raw, what), check)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from allocconf_widget.core.units import MIB
 
 if TYPE_CHECKING:
-    from allocconf_widget.core.sim.trace import Trace
+    from allocconf_widget.core.sim.trace.model import Trace
 
 #: Device memory in use in a fresh torch 2.11 process on an H200 once CUDA is initialised
 #: (``total − free`` right after ``mem_get_info``; the smallest over the recorded runs in
@@ -95,7 +95,7 @@ def held_limit(trace: Trace) -> HeldLimit | None:
     segment events). On the 21 recordings in ``benchmarks/data`` of runs under a fraction that
     OOMed, every true limit lies inside the bounds.
     """
-    from allocconf_widget.core.sim.trace import segment_size_of
+    from allocconf_widget.core.sim.trace.decode import segment_size_of
 
     if not trace.ooms or trace.partial or trace.limit_changes:
         return None
@@ -118,7 +118,7 @@ def held_limit(trace: Trace) -> HeldLimit | None:
 def _allocated_peak(trace: Trace) -> int:
     """The most the recorded run had allocated at once (requested bytes; a free waiting on
     another stream no longer counts, as in torch's ``allocated_bytes``), from the start state."""
-    from allocconf_widget.core.sim.trace import OP_ALLOC, OP_FREE, OP_FREE_REQUESTED
+    from allocconf_widget.core.sim.trace.codes import OP_ALLOC, OP_FREE, OP_FREE_REQUESTED
 
     live: dict[int, int] = {}
     now = 0

@@ -28,7 +28,7 @@ from bisect import bisect_left, insort
 from time import perf_counter
 from typing import TYPE_CHECKING
 
-from allocconf_widget.core.gcpause import paused_gc
+from allocconf_widget.core.memory.gcpause import paused_gc
 from allocconf_widget.core.sim import expandable as xp
 from allocconf_widget.core.sim import reclaim, sorted_keys
 from allocconf_widget.core.sim.blocks import (
@@ -59,11 +59,11 @@ from allocconf_widget.core.sim.state import (
     StateBlock,
     StateSegment,
 )
-from allocconf_widget.core.sim.trace import SEG_ALLOC, SEG_MAP
+from allocconf_widget.core.sim.trace.codes import SEG_ALLOC, SEG_MAP
 from allocconf_widget.core.units import MIB
 
 if TYPE_CHECKING:
-    from allocconf_widget.core.sim.trace import Trace
+    from allocconf_widget.core.sim.trace.model import Trace
 
 _BUMP_BASE = 1 << 60  # simulated addresses live far above real (≤ 2^48) ones
 _SPACE_TOP = 1 << 59  # synthetic driver layout: below the bump, above real addresses
@@ -509,7 +509,7 @@ class Engine:
                 self.pending[aid] = blk
             elif op == 3:  # -------------------------------------- pending free done
                 # the pending block, not whatever holds the address now: a completion held
-                # past malloc's sync (trace._hold_sync_completions) can follow a new
+                # past malloc's sync (decode._Decoder._hold_sync_completions) can follow a new
                 # allocation at the same address, once its segment was released and made
                 # again. None: a sync in the replay completed it already (a completion
                 # without a request decodes as a whole free, op 1)

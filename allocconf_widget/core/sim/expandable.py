@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from allocconf_widget.core.sim.blocks import KEY_SHIFT, NO_CHANGE, Block, ExpSegment, insert_free, remove_free
 from allocconf_widget.core.sim.settings import SMALL_BUFFER
-from allocconf_widget.core.sim.trace import SEG_MAP, SEG_UNMAP
+from allocconf_widget.core.sim.trace.codes import SEG_MAP, SEG_UNMAP
 
 if TYPE_CHECKING:
     from allocconf_widget.core.sim.blocks import FreeList

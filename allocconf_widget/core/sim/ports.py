@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from allocconf_widget.core.sim.blocks import Block, ExpSegment, FreeList, Pool
     from allocconf_widget.core.sim.settings import EngineRules
-    from allocconf_widget.core.sim.trace import Trace
+    from allocconf_widget.core.sim.trace.model import Trace
 
 
 class EngineCore(Protocol):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from allocconf_widget.core.sim.blocks import KEY_SHIFT, Block, FreeList, candidates, drain, remove_free
 from allocconf_widget.core.sim.expandable import release_segment, unmap_block
 from allocconf_widget.core.sim.settings import UNLIMITED
-from allocconf_widget.core.sim.trace import SEG_FREE
+from allocconf_widget.core.sim.trace.codes import SEG_FREE
 
 if TYPE_CHECKING:
     from allocconf_widget.core.sim.ports import EngineCore

@@ -22,7 +22,7 @@ from allocconf_widget.core.sim.capacity import replay_room
 from allocconf_widget.core.sim.result import Fidelity, SimResult
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import simulate_many
-from allocconf_widget.core.sim.trace import Trace
+from allocconf_widget.core.sim.trace.model import Trace
 from allocconf_widget.core.units import MIB, format_bytes
 from allocconf_widget.core.versions import TorchVersion, simulated_release
 

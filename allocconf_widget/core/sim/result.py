@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from allocconf_widget.core.sim.alignment import matched_in_order
-from allocconf_widget.core.sim.trace import SEG_NAMES
+from allocconf_widget.core.sim.trace.codes import SEG_NAMES
 from allocconf_widget.core.units import format_bytes
 
 if TYPE_CHECKING:
     from allocconf_widget.core.sim.settings import SimSettings
-    from allocconf_widget.core.sim.trace import Trace
+    from allocconf_widget.core.sim.trace.model import Trace
 
 #: (trace event index, segment event kind, address, size)
 SegmentEvent = tuple[int, int, int, int]

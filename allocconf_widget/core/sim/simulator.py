@@ -41,7 +41,9 @@ from allocconf_widget.core.sim.result import (
 from allocconf_widget.core.sim.settings import EngineRules, SimSettings, round_size
 from allocconf_widget.core.sim.state import AllocatorState, reconstruct_initial_state
 from allocconf_widget.core.sim.timing import timing_variants
-from allocconf_widget.core.sim.trace import Trace, decode_entries, extract_trace
+from allocconf_widget.core.sim.trace.decode import decode_entries
+from allocconf_widget.core.sim.trace.extract import extract_trace
+from allocconf_widget.core.sim.trace.model import Trace
 from allocconf_widget.core.versions import TorchVersion, parse_version
 
 __all__ = [

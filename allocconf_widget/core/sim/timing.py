@@ -34,16 +34,11 @@ from array import array
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from allocconf_widget.core.sim.trace import (
-    OP_ALLOC,
-    OP_FREE,
-    OP_FREE_COMPLETED,
-    OP_FREE_REQUESTED,
-    rows_with,
-)
+from allocconf_widget.core.sim.trace.codes import OP_ALLOC, OP_FREE, OP_FREE_COMPLETED, OP_FREE_REQUESTED
+from allocconf_widget.core.sim.trace.rows import rows_with
 
 if TYPE_CHECKING:
-    from allocconf_widget.core.sim.trace import Trace
+    from allocconf_widget.core.sim.trace.model import Trace
 
 
 @dataclasses.dataclass(frozen=True)
