@@ -70,7 +70,8 @@ _.changes_settings  # core/memory/oom.py: whether an advice edits the configurat
 _.fraction_devices  # adapters/apply.py: which devices a fraction was set on
 _.largest_free_block  # adapters/probe.py: a reading of the live allocator
 _.seconds_since_report  # app/ranks.py: a rank's age, for "silent"
-_.num_ops  # core/sim/trace.py and result.py: replay bookkeeping (docs/simulator.md)
+_.oom_at_bytes  # app/dryrun.py Prediction: a field of run.predict()'s public result
+_.num_ops  # core/sim/trace/model.py and result.py: replay bookkeeping (docs/simulator.md)
 _.first_unknown_free
 _.ambiguous_releases
 _.limit_changes

@@ -75,6 +75,6 @@ def dry_run(gpu: Any = None, *, rules: bool = True) -> Any:
     ``"l4"``, ``"a100-40"``, ``"a100-80"``, ``"h100"``, ``"h200"``, or None for this runtime's
     GPU. See docs/dryrun.md.
     """
-    from allocconf_widget.app.dryrun import dry_run as start
+    from allocconf_widget.views.python.dryrun import dry_run as start
 
     return start(gpu, rules=rules)

@@ -66,3 +66,7 @@ class SnapshotError(ValueError):
 
 class RuntimeStateError(RuntimeError):
     """An action that the current torch runtime state does not allow (e.g. no CUDA)."""
+
+
+class DryRunError(RuntimeStateError):
+    """The dry run cannot go on (an op needs real values, or this torch cannot fake CUDA)."""

@@ -100,7 +100,8 @@ class _PeakMemory:
 def _worker(path: str, workers: int) -> None:
     import warnings
 
-    from allocconf_widget.app.simulate import SimulationRequest, file_source, simulate
+    from allocconf_widget.app.simulate import SimulationRequest, simulate
+    from allocconf_widget.app.sources import file_source
     from allocconf_widget.core.sim.trace.extract import extract_trace
 
     memory = _PeakMemory().__enter__()

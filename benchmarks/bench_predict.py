@@ -24,6 +24,7 @@ from allocconf_widget.app.draft_prediction import predict_staged
 from allocconf_widget.app.session import Session
 from allocconf_widget.core.config.conf import parse_conf
 from allocconf_widget.core.memory.recording import load_demo
+from allocconf_widget.views.text.forecast import draft_lines
 
 BUDGET_MS = 300.0
 SLIDER = ["", "max_split_size_mb:64", "max_split_size_mb:128", "max_split_size_mb:512",
@@ -50,7 +51,7 @@ def _move(session: Session, confs: list[str]) -> list[float]:
         ms = (time.perf_counter() - t0) * 1000
         times.append(ms)
         assert prediction is not None and prediction.problem is None, prediction
-        print(f"{ms:7.1f} ms  ({ms / BUDGET_MS:.2f} of the budget)  {prediction.lines()[0]}")
+        print(f"{ms:7.1f} ms  ({ms / BUDGET_MS:.2f} of the budget)  {draft_lines(prediction)[0]}")
     return times
 
 

@@ -43,6 +43,7 @@ from _table import print_table  # noqa: E402
 
 from allocconf_widget.core.memory.snapshot import load_snapshot  # noqa: E402
 from allocconf_widget.core.sim.simulator import SimSettings, extract_trace, simulate  # noqa: E402
+from allocconf_widget.views.text.forecast import outcome_cell  # noqa: E402
 
 GIB = 1 << 30
 
@@ -209,7 +210,7 @@ def _print_caught(rows: list[dict], markdown: bool) -> None:
         lines.append([r["workload"], r["setting"], f"{r['fraction']:.4f}", f"{r['real_peak'] / GIB:.3f}",
                       str(r["real_ooms"]), "yes" if r["completed"] else "no",
                       f"{pred.peak_reserved_bytes / GIB:.3f}", f"{r['err'] * 100:+.2f}%",
-                      pred.oom_verdict(), str(pred.oom_fatal).lower(), what])
+                      outcome_cell(pred), str(pred.oom_fatal).lower(), what])
     print_table(head, lines, markdown)
     dead = [r for r in rows if r["completed"] and r["pred"].oom_fatal]
     print(f"\ncompleted runs called dead (oom_fatal true): {len(dead)}/{sum(r['completed'] for r in rows)}")

@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import fidelity  # noqa: E402
 
-from allocconf_widget.app.simulate import SimulationRequest, TraceSource, simulate  # noqa: E402
+from allocconf_widget.app.simulate import SimulationRequest, simulate  # noqa: E402
+from allocconf_widget.app.sources import TraceSource  # noqa: E402
 from allocconf_widget.core.memory.snapshot import load_snapshot  # noqa: E402
 from allocconf_widget.core.versions import TorchVersion  # noqa: E402
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from types import FrameType, ModuleType, SimpleNamespace, TracebackType
 from typing import Any
 
-from allocconf_widget._errors import RuntimeStateError
+from allocconf_widget._errors import DryRunError as DryRunError  # noqa: PLC0414  (raised here)
 from allocconf_widget.adapters import torch_private as tp
 from allocconf_widget.core.dryrun.profiles import Convolution, GpuProfile
 
@@ -43,10 +43,6 @@ _ALIGN = 512
 MIN_TORCH_MINOR = 4
 #: what a float the dry run cannot know reads as (``loss.item()``)
 PLACEHOLDER = 1.0
-
-
-class DryRunError(RuntimeStateError):
-    """The dry run cannot go on (an op needs real values, or this torch cannot fake CUDA)."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from allocconf_widget._errors import AllocConfError, AllocConfWarning, RuntimeStateError
+from allocconf_widget._errors import AllocConfError, AllocConfWarning, DryRunError, RuntimeStateError
 from allocconf_widget.core.dryrun.facts import GAPS, LABEL, SNAPSHOT_MARK
 from allocconf_widget.core.dryrun.profiles import GpuProfile, profile
 from allocconf_widget.core.units import format_bytes
@@ -28,7 +28,11 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from allocconf_widget.adapters.dryrun import DryRunTrace
-    from allocconf_widget.app.simulate import RecordingHolder, SimulationReport, TraceCache, TraceSource
+    from allocconf_widget.app.simulate import SimulationReport, SimulationRow
+    from allocconf_widget.app.sources import RecordingHolder, TraceSource
+    from allocconf_widget.app.trace_cache import TraceCache
+    from allocconf_widget.core.config.conf import AllocConf
+    from allocconf_widget.core.sim.outcome import Outcome
 
     class EstimateHolder(RecordingHolder, Protocol):
         """What :func:`session_estimate` needs of the Session (a protocol: the Session imports
@@ -54,6 +58,14 @@ def resolve_gpu(gpu: str | GpuProfile | None) -> tuple[GpuProfile, str | None]:
     if found is not None:
         return found, None
     return profile("t4"), "no GPU visible to NVML: predicting for a Tesla T4 (pass gpu= to choose)"
+
+
+def cell_namespace(user_ns: dict[str, Any]) -> dict[str, Any]:
+    """The namespace a dry-run cell runs in: a copy of the notebook's, so names the cell
+    assigns and models it moves to "cuda" stay as they were outside it."""
+    from allocconf_widget.adapters.dryrun import isolated_namespace
+
+    return isolated_namespace(user_ns)
 
 
 def sidecar_path(target: Path) -> Path:
@@ -126,21 +138,22 @@ class DryRunResult:
         """Raise :class:`DryRunError` when the step made no tensor on the GPU: there is nothing
         to predict from (the replay then advised ``_record_memory_history``, wrongly)."""
         if not self.trace.allocations:
-            from allocconf_widget.adapters.dryrun import DryRunError
-
             raise DryRunError("the dry run saw no allocation on the GPU: the step made every "
                               "tensor on the CPU. Move the model and the batch to 'cuda' in the "
                               "cell (model.to('cuda'), batch.to('cuda')), as the real step would")
 
     def source(self) -> TraceSource:
         """What the what-if replays: labelled an estimate, on this GPU's usable memory."""
-        from allocconf_widget.app.simulate import TraceSource, recorded_release
+        from allocconf_widget.app.sources import TraceSource, recorded_release
+        from allocconf_widget.core.sim.notes import Note, NoteKind
 
         self.require_allocations()
+        notes = tuple(Note(NoteKind.ESTIMATE, n) for n in (*GAPS, *self.all_notes()))
         return TraceSource(self.snapshot(), self.label,
                            recorded_release(self.trace.torch_version), self.gpu.total_bytes,
-                           self.gpu.context_bytes, notes=(*GAPS, *self.all_notes()),
-                           decoded=self.decoded())  # predict and the what-if share one decoding
+                           self.gpu.context_bytes, notes=notes, limit_known=True,
+                           decoded=self.decoded(),  # predict and the what-if share one decoding
+                           estimate=True)
 
     def decoded(self) -> Any:
         """The decoded trace (once): every :func:`predict` on this run shares it."""
@@ -180,7 +193,7 @@ class DryRunResult:
             raise SnapshotError(f"wrote {target} but not its sidecar {sidecar}: {exc}") from exc
         return target
 
-    def predict(self, conf: str = "", gpu: str | GpuProfile | None = None) -> Prediction:
+    def predict(self, conf: str | AllocConf = "", gpu: str | GpuProfile | None = None) -> Prediction:
         """:func:`predict` for this run (``gpu`` defaults to the run's)."""
         return predict(self, conf, gpu if gpu is not None else self.gpu)
 
@@ -246,40 +259,40 @@ def dry_run(gpu: str | GpuProfile | None = None, *, rules: bool = True) -> DryRu
 
 @dataclass(frozen=True)
 class Prediction:
-    """What one setting would do on one GPU, from a dry run or a recording."""
+    """What one setting would do on one GPU, from a dry run or a recording: a row of the one
+    replay (:func:`allocconf_widget.app.simulate.simulate`), with the fields ``run.predict()``
+    has always had. Its sentence is ``views/text/forecast.py``'s, as every view's."""
 
     conf: str
     gpu: str
     peak_reserved: int
     peak_allocated: int
+    #: the memory the step may reserve: a memory fraction's share where one binds, else what
+    #: the device leaves to PyTorch (0: the device's size is unknown)
     usable: int
-    fits: bool
+    fits: bool  # the step runs to its end without an OOM that stops it (Outcome.fits is True)
     oom_at_bytes: int | None = None  # the request that would fail, when it does not fit
     estimate: bool = True  # from a dry run (else a recording's exact replay)
+    row: SimulationRow | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def outcome(self) -> Outcome:
+        """What the setting does to the step, as every view words it."""
+        assert self.row is not None
+        return self.row.outcome
 
     @property
     def headroom(self) -> int:
         return self.usable - self.peak_reserved
 
-    def describe(self) -> str:
-        setting = self.conf or "torch's defaults"
-        kind = "estimated" if self.estimate else "replayed"
-        if not self.fits:
-            at = (f" at a {format_bytes(self.oom_at_bytes)} request" if self.oom_at_bytes is not None
-                  else "")
-            return (f"{setting}: out of memory{at} on {self.gpu} ({kind}; "
-                    f"{format_bytes(self.usable)} usable)")
-        return (f"{setting}: peak reserved {format_bytes(self.peak_reserved)} of "
-                f"{format_bytes(self.usable)} on {self.gpu} ({kind}); fits")
 
-
-def predict(trace_or_run: Any, conf: str = "", gpu: str | GpuProfile | None = None, *,
+def predict(trace_or_run: Any, conf: str | AllocConf = "", gpu: str | GpuProfile | None = None, *,
             trace: Any = None) -> Prediction:
-    """Replay a dry run (or any :class:`~allocconf_widget.app.simulate.TraceSource`) under
-    ``conf`` on ``gpu``: peak reserved and the OOM verdict. The replay is the What-if's own
+    """Replay a dry run (or any :class:`~allocconf_widget.app.sources.TraceSource`) under
+    ``conf`` on ``gpu``: one row of the one replay
     (:func:`allocconf_widget.app.simulate.simulate`), on the decoded trace a
     :class:`DryRunResult` keeps, so calls for each slider position or batch size only replay;
-    for a ``TraceSource`` pass its decoded ``trace`` (``app.simulate.TraceCache`` has it).
+    for a ``TraceSource`` pass its decoded ``trace`` (``app.trace_cache.TraceCache`` has it).
 
     Raises:
         AllocConfError: ``conf`` is not a valid setting, or ``gpu`` is not a known profile.
@@ -291,23 +304,26 @@ def predict(trace_or_run: Any, conf: str = "", gpu: str | GpuProfile | None = No
         raise RuntimeStateError("the dry run has not finished: predict after the `with` block")
     if isinstance(run, DryRunResult):
         target: GpuProfile | None = resolve_gpu(gpu)[0] if gpu is not None else run.gpu
-        source, decoded, estimate = run.source(), run.decoded(), True
+        source, decoded = run.source(), run.decoded()
     else:  # a TraceSource (a recording): its own device unless a profile is named
         target = resolve_gpu(gpu)[0] if gpu is not None else None
-        source, decoded, estimate = run, trace, False
+        source, decoded = run, trace
     if target is not None:
         source = dataclasses.replace(source, device_total=target.total_bytes,
                                      non_pytorch_bytes=target.context_bytes)
+    request = (SimulationRequest(configs=(conf,), workers=1) if not isinstance(conf, str)
+               else SimulationRequest(confs=(conf,), workers=1))
     with warnings.catch_warnings():  # a slider position is not the place for advice (the panel has it)
         warnings.simplefilter("ignore", AllocConfWarning)
         # one setting: replayed in this process (a worker pool costs more than the replay)
-        report = simulate(source, SimulationRequest(confs=(conf,), workers=1), trace=decoded)
-    result = report.rows[0].result
-    oom = result.oom
-    return Prediction(conf, target.name if target is not None else "the recorded GPU",
-                      result.peak_reserved_bytes, result.peak_allocated_bytes,
-                      report.usable_bytes or 0, fits=oom is None,
-                      oom_at_bytes=oom.requested_bytes if oom else None, estimate=estimate)
+        report = simulate(source, request, trace=decoded)
+    row = report.rows[0]
+    oom = row.result.oom
+    return Prediction(row.conf, target.name if target is not None else "the recorded GPU",
+                      row.result.peak_reserved_bytes, row.result.peak_allocated_bytes,
+                      row.limit.bytes if row.limit is not None else 0, fits=row.outcome.fits is True,
+                      oom_at_bytes=oom.requested_bytes if oom is not None and row.outcome.fits is False
+                      else None, estimate=source.estimate, row=row)
 
 
 # ---------------------------------------------------------------- batch planner

@@ -16,6 +16,7 @@ The analysis of one OOM (:func:`analyse`) has three parts:
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 from dataclasses import dataclass, field
@@ -25,10 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 from allocconf_widget.adapters.flight_history import (
     FlightSettings,
-    FlightStatus,
-    OomCapture,
     flight_history,
 )
+
+# the recorder's state and captures, as the views read them (they reach the adapter through here)
+from allocconf_widget.adapters.flight_history import FlightStatus as FlightStatus  # noqa: PLC0414
+from allocconf_widget.adapters.flight_history import OomCapture as OomCapture  # noqa: PLC0414
 from allocconf_widget.core.memory.sites import SiteReport, top_sites
 from allocconf_widget.core.units import format_bytes
 
@@ -36,7 +39,10 @@ if TYPE_CHECKING:
     from allocconf_widget.app.candidates import CandidatePlan
     from allocconf_widget.app.oom import OomRecommendation, OomReport, SettingsInForce
     from allocconf_widget.app.session import ApplyOutcome, Session
+    from allocconf_widget.app.simulate import SimulationReport, SimulationRow
     from allocconf_widget.core.config.conf import AllocConf
+    from allocconf_widget.core.sim.capacity import Limit
+    from allocconf_widget.core.sim.result import Fidelity
 
 DEMO_NAME = "flight_oom_h200"
 CDN_NOTE = ("PyTorch's viewer page loads its script (MemoryViz.js) from cdn.jsdelivr.net, so it "
@@ -61,6 +67,34 @@ def status() -> FlightStatus:
     return flight_history().status()
 
 
+# ----------------------------------------------------------------- captures
+
+
+def last_capture() -> OomCapture | None:
+    """This kernel's last captured OOM (None before any)."""
+    return flight_history().last_capture()
+
+
+def capture_for_cell(since: float | None, message: str) -> OomCapture | None:
+    """The capture of the cell that just failed with a CUDA OOM (one taken now where torch's
+    observer missed it), with torch's message, kept as this kernel's last OOM; None where the
+    recorder was off."""
+    import dataclasses
+
+    history = flight_history()
+    capture = history.take_capture(since=since) or history.capture_after_cell()
+    if capture is None:
+        return None
+    capture = dataclasses.replace(capture, message=message)
+    history.set_capture(capture)
+    return capture
+
+
+def keep_capture(capture: OomCapture) -> None:
+    """Make ``capture`` this kernel's last OOM (``%allocconf flight show`` / ``apply`` use it)."""
+    flight_history().set_capture(capture)
+
+
 #: Host bytes per ring-buffer entry: 387 B measured as resident-set growth over 100k trace-only
 #: entries on the H200 (benchmarks/gpu/bench_flight_overhead.py, docs/flight.md); the stacks run
 #: measured less (211 B, reusing heap the first run freed), so both are budgeted at 400 B.
@@ -80,39 +114,57 @@ def memory_bound(settings: FlightSettings) -> str:
 
 @dataclass(frozen=True)
 class VerdictOption:
-    """One candidate setting replayed over the recorded window."""
+    """One candidate setting replayed over the recorded window: a row of the one replay."""
 
-    conf: str
-    avoids_oom: bool
-    peak_reserved: int
-    reason: str
-    #: the peak as every view says it: with its range where GPU timing moves it
-    peak_text: str = ""
+    row: SimulationRow
+
+    @property
+    def conf(self) -> str:
+        return self.row.conf
 
     @property
     def shown_conf(self) -> str:
         return self.conf or "torch's defaults"
+
+    @property
+    def avoids_oom(self) -> bool:
+        """No OOM in the window, in any GPU timing (:attr:`Outcome.avoids_oom`)."""
+        return self.row.outcome.avoids_oom
+
+    @property
+    def peak_reserved(self) -> int:
+        return self.row.result.peak_reserved_bytes
+
+
+class Sureness(enum.Enum):
+    """How far the verdict can be trusted, from the replay of the settings the OOM ran under."""
+
+    SURE = "sure"  # the replay reproduced the OOM and every recorded segment event
+    APPROXIMATE = "approximate"  # it reproduced the OOM, not every segment event
+    UNCHECKED = "unchecked"  # it reproduced the OOM; no segment events to check against
+    NOT_SURE = "not sure"  # it did not reproduce the OOM: no setting is promised
 
 
 @dataclass(frozen=True)
 class Verdict:
     """Which settings would have avoided this OOM, ranked, and how sure the replay is."""
 
-    limit: int | None
+    limit: Limit | None  # the memory the window's run could reserve
     allocated_at_oom: int
     winners: tuple[VerdictOption, ...]
     losers: tuple[VerdictOption, ...]
-    sureness: str
+    sureness: Sureness
+    fidelity: Fidelity | None
     events: int
     notes: tuple[str, ...] = ()
     #: the settings this kernel runs, where they differ from the recording's and avoid the OOM
     #: (a recording of another run, or settings changed since): nothing to apply then
     current: VerdictOption | None = None
+    report: SimulationReport | None = field(default=None, compare=False, repr=False)  # the ranking
 
     @property
     def winner(self) -> VerdictOption | None:
-        """The setting to apply; None when none avoids the OOM or the kernel's already does
-        (the card offered "Apply max_split_size_mb:64" to a kernel running it)."""
+        """The setting to apply; None when none avoids the OOM or the kernel's already does."""
         if self.current is not None:
             return None
         return self.winners[0] if self.winners else None
@@ -127,60 +179,22 @@ class Verdict:
         """Some setting avoids the OOM: the kernel's own, or the winner."""
         return self.current is not None or self.winner is not None
 
-    @property
-    def headline(self) -> str:
-        if self.current is not None:
-            limit = f" of a {format_bytes(self.limit)} limit" if self.limit else ""
-            return (f"the settings this kernel runs now ({self.current.shown_conf}) would have "
-                    f"avoided it: peak {format_bytes(self.current.peak_reserved)}{limit}; "
-                    "nothing to apply")
-        if self.winner is None:
-            return (f"no setting avoids this: {format_bytes(self.allocated_at_oom)} is "
-                    "allocated, not cached")
-        return self.option_line(self.winner)
-
-    def option_line(self, option: VerdictOption) -> str:
-        limit = f" of a {format_bytes(self.limit)} limit" if self.limit else ""
-        if option.avoids_oom:
-            return (f"under {option.shown_conf} the peak would have been "
-                    f"{option.peak_text or format_bytes(option.peak_reserved)}{limit}: no OOM")
-        return f"under {option.shown_conf}: still out of memory ({option.reason})"
-
-    def lines(self) -> list[str]:
-        out = [f"Verdict: {self.headline}"]
-        if self.also:
-            out.append("Also avoids it, by peak:")
-            out += [f"  {i}. {self.option_line(o)}" for i, o in enumerate(self.also, 2)]
-        out.append(f"How sure: {self.sureness}")
-        out += [f"note: {n}" for n in self.notes]
-        return out
-
-
-def _limit(capture: OomCapture) -> int | None:
-    if capture.fraction is not None and capture.device_total:
-        return int(capture.fraction * capture.device_total)
-    if capture.device_total is not None:
-        return capture.device_total - capture.non_pytorch_bytes
-    return capture.limit
-
 
 def verdict(capture: OomCapture, kernel: AllocConf | None = None) -> Verdict:
     """Replay the captured window under the candidate grid; split it into helps / does not.
 
     Ranked by the one ranking of every front end (:func:`~allocconf_widget.app.simulate.simulate`),
     against ``kernel`` (the settings this kernel runs, as the What if? tab ranks): a row the
-    kernel's torch does not take is never offered here either.
+    kernel's torch does not take is never offered here either. A setting avoids the OOM where
+    its :class:`~allocconf_widget.core.sim.outcome.Outcome` says so (no OOM in any GPU timing).
 
     Raises:
         SnapshotError: the snapshot holds no usable trace.
     """
-    from allocconf_widget.app.simulate import (
-        SimulationRequest,
-        TraceSource,
-        recorded_release,
-        recorded_window_note,
-        simulate,
-    )
+    from allocconf_widget.app.simulate import SimulationRequest, simulate
+    from allocconf_widget.app.sources import TraceSource, recorded_release
+    from allocconf_widget.core.sim.notes import NoteKind
+    from allocconf_widget.core.sim.trace_notes import recorded_window
 
     source = TraceSource(capture.snapshot, "the flight recorder's window",
                          recorded_release(capture.torch_version), capture.device_total,
@@ -188,47 +202,40 @@ def verdict(capture: OomCapture, kernel: AllocConf | None = None) -> Verdict:
                          limit_known=True)  # the fraction the window ran under: its self-check's
     report = simulate(source, SimulationRequest(rank=True, fraction=capture.fraction, kernel=kernel))
     recorded = report.recorded
-    reproduced = recorded is not None and recorded.result.oom is not None
+    reproduced = recorded is not None and recorded.outcome.fits is False
     winners: list[VerdictOption] = []
     losers: list[VerdictOption] = []
     current: VerdictOption | None = None
     for row in report.rows:
         if row is recorded:
             continue
-        # a setting that avoids the OOM only in some GPU timings (the latest runs out) is no cure
-        option = VerdictOption(row.conf, row.result.oom is None and not row.result.timing_oom,
-                               row.result.peak_reserved_bytes,
-                               row.reason or ("the latest GPU timing runs out of memory"
-                                              if row.result.timing_oom else ""),
-                               row.result.peak_reserved_text())
+        option = VerdictOption(row)
         if row.is_current and option.avoids_oom and reproduced:
             current = option
             continue
         (winners if option.avoids_oom and reproduced else losers).append(option)
     winners.sort(key=lambda o: (o.peak_reserved, len(o.conf)))
-    fidelity = report.fidelity
     stats = capture.stats or {}
     allocated = int(stats.get("allocated_bytes.all.current", 0) or 0)
     if not allocated and recorded is not None and recorded.result.oom is not None:
         allocated = recorded.result.oom.allocated_bytes
-    exact = fidelity is not None and fidelity.checked and fidelity.exact
-    if not reproduced:
-        sureness = ("not sure: the replay of your own settings did not run out of memory, so the "
-                    "model misses something here (no setting is promised)")
-    elif exact and fidelity is not None:
-        sureness = (f"sure: the replay of your settings reproduced the OOM and "
-                    f"{fidelity.summary()}")
-    elif fidelity is not None and fidelity.checked:
-        sureness = f"approximate: the replay reproduced the OOM, but {fidelity.summary()}"
-    else:
-        sureness = ("unchecked: the replay reproduced the OOM, but the window holds no segment "
-                    "events to check the model against")
     notes = list(report.all_notes())
-    window = recorded_window_note(report.num_events)
-    if not any(window in note for note in notes):  # the report says it where the window has the oom
-        notes.append(window)
-    return Verdict(_limit(capture), allocated, tuple(winners), tuple(losers), sureness,
-                   report.num_events, tuple(notes), current)
+    if not any(note.kind is NoteKind.WINDOW for note in report.notes):
+        notes.append(recorded_window(report.num_events).text)
+    limit = recorded.limit if recorded is not None else report.capacity.limit_for(None)
+    return Verdict(limit, allocated, tuple(winners), tuple(losers), _sureness(report, reproduced),
+                   report.fidelity, report.num_events, tuple(notes), current, report)
+
+
+def _sureness(report: SimulationReport, reproduced: bool) -> Sureness:
+    fidelity = report.fidelity
+    if not reproduced:
+        return Sureness.NOT_SURE
+    if fidelity is not None and fidelity.checked and fidelity.exact:
+        return Sureness.SURE
+    if fidelity is not None and fidelity.checked:
+        return Sureness.APPROXIMATE
+    return Sureness.UNCHECKED
 
 
 # ----------------------------------------------------------------- the analysis
@@ -419,7 +426,7 @@ def capture_from_meta(meta: dict[str, Any], snapshot: dict[str, Any]) -> OomCapt
 def load_demo_oom() -> DemoOom:
     """The bundled recording ``allocconf_widget/data/flight_oom_h200.{json,pickle.gz}``."""
     from allocconf_widget.app.oom import recorded_settings
-    from allocconf_widget.app.simulate import recorded_release
+    from allocconf_widget.app.sources import recorded_release
     from allocconf_widget.core.memory.snapshot import load_snapshot
     from allocconf_widget.core.versions import parse_version
 

@@ -87,6 +87,16 @@ class MonitorRun:
     def running(self) -> bool:
         return bool(self.source.running)
 
+    def play(self) -> None:
+        """Replay the recording on the calling thread, to its end (no background thread).
+
+        Raises:
+            RuntimeError: this run shows live data, not a recording.
+        """
+        if not isinstance(self.source, ReplaySampler):
+            raise RuntimeError("play() replays a recording; this monitor shows live data")
+        self.source.play()
+
     @property
     def closed(self) -> bool:
         return self._closed

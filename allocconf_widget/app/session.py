@@ -27,11 +27,12 @@ import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from allocconf_widget.adapters import persist
 from allocconf_widget.adapters.apply import ApplyResult, apply, current_conf, preview
-from allocconf_widget.adapters.runtime_state import Phase, RuntimeState, detect_state
+from allocconf_widget.adapters.runtime_state import Phase as Phase  # noqa: PLC0414  (views read it here)
+from allocconf_widget.adapters.runtime_state import RuntimeState, detect_state
 from allocconf_widget.core.config.conf import AllocConf
 from allocconf_widget.core.config.plan import OptionPlan
 
@@ -41,6 +42,35 @@ if TYPE_CHECKING:
     from allocconf_widget.core.config.readback import ReadBack
 
 Listener = Callable[[], None]
+
+#: where an apply saves the settings for restarts (this project's file, or the global default)
+SaveScope = persist.Scope
+
+#: which step the views predict from: the newest of the two, or the one the user pinned
+StepChoice = Literal["latest", "recording", "dryrun"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """The user's step every view predicts from: the session's last ``%%allocconf record`` or
+    last dry run, whichever is newer unless the user pinned one (``%allocconf step``); the
+    bundled recording (``"demo"``) while there is neither."""
+
+    kind: Literal["recording", "dryrun", "demo"]
+    token: int  # never reused: a new recording or dry run gets a new one
+    events: int  # trace entries (what a replay walks)
+    other: Literal["recording", "dryrun"] | None = None  # the session's other step, if any
+    pinned: bool = False
+
+    @property
+    def other_hint(self) -> str | None:
+        """How to use the other step instead, or None when there is none."""
+        if self.other is None:
+            return None
+        name = "the last %%allocconf record" if self.other == "recording" else "the last dry run"
+        if self.pinned:
+            return f"%allocconf step latest uses the newer step again; {name} is kept"
+        return f"%allocconf step {self.other} uses {name} instead"
 
 
 class AppliedCandidate(Protocol):
@@ -209,10 +239,13 @@ class Session:
         self.last_outcome: ApplyOutcome | None = None  # the last Apply, whoever made it
         self._listeners: list[Listener] = []
         self._recording: CellRecording | None = None
-        self._recording_token = 0  # bumped by every new recording or dry run: keys never repeat
+        self._tokens = 0  # bumped by every new recording or dry run: keys never repeat
+        self._recording_token = 0  # the recording's token (newer steps have larger ones)
+        self._dry_run_token = 0
+        self._step_choice: StepChoice = "latest"
         self._dry_run: DryRunResult | None = None
         self.dry_run_cell: DryRunCell | None = None  # what ``%allocconf plan`` re-runs
-        from allocconf_widget.app.simulate import TraceCache
+        from allocconf_widget.app.trace_cache import TraceCache
 
         self.trace_cache = TraceCache()  # the What-if's decoded trace, shared by its tabs
         from allocconf_widget.app.monitor import Monitors
@@ -230,7 +263,8 @@ class Session:
         """Keep ``recording`` as the one the What-if replays; views re-render."""
         with self.lock:
             self._recording = recording
-            self._recording_token += 1
+            self._tokens += 1
+            self._recording_token = self._tokens
         self._notify()
 
     @property
@@ -244,17 +278,51 @@ class Session:
         with self.lock:
             self._dry_run = result
             self.dry_run_cell = cell if cell is not None else self.dry_run_cell
-            self._recording_token += 1
+            self._tokens += 1
+            self._dry_run_token = self._tokens
         self._notify()
 
-    def recording_key(self) -> tuple[str, int]:
-        """An identity for the trace source that is never reused (unlike ``id()``)."""
+    def step(self) -> Step:
+        """The step every view predicts from (one rule for all of them: :class:`Step`)."""
         with self.lock:
-            if self._recording is not None and self._recording.snapshot is not None:
-                return ("recording", self._recording_token)
-            if self._dry_run is not None:
-                return ("dryrun", self._recording_token)
-            return ("demo", 0)
+            held: dict[Literal["recording", "dryrun"], int] = {}
+            rec, dry = self._recording, self._dry_run
+            if rec is not None and rec.snapshot is not None:
+                held["recording"] = self._recording_token
+            if dry is not None:
+                held["dryrun"] = self._dry_run_token
+            if not held:
+                return Step("demo", 0, 0)
+            pinned = self._step_choice != "latest" and self._step_choice in held
+            kind = (self._step_choice if pinned else max(held.items(), key=lambda kv: kv[1])[0])
+            assert kind != "latest"
+            events = rec.events if kind == "recording" and rec is not None else (
+                len(dry.trace.entries) if dry is not None else 0)
+            other = next((k for k in held if k != kind), None)
+            return Step(kind, held[kind], events, other, pinned)
+
+    def choose_step(self, choice: StepChoice) -> Step:
+        """Pin the step views predict from (``"latest"``: the newer of the two, the default).
+
+        Raises:
+            RuntimeStateError: the session holds no step of that kind.
+        """
+        from allocconf_widget._errors import RuntimeStateError
+
+        with self.lock:
+            recorded = self._recording is not None and self._recording.snapshot is not None
+            if (choice == "recording" and not recorded) or (choice == "dryrun" and self._dry_run is None):
+                what = "%%allocconf record" if choice == "recording" else "%%allocconf dryrun"
+                raise RuntimeStateError(f"this session has no {choice.replace('dryrun', 'dry run')} yet: "
+                                        f"run a cell with {what} first")
+            self._step_choice = choice
+        self._notify()
+        return self.step()
+
+    def recording_key(self) -> tuple[str, int]:
+        """An identity for the step's trace that is never reused (unlike ``id()``)."""
+        step = self.step()
+        return (step.kind, step.token)
 
     # -- observation -----------------------------------------------------------
     def state(self) -> RuntimeState:
@@ -369,12 +437,6 @@ class Session:
                 self.last_save = dataclasses.replace(self.last_save, forgotten=True)
         self._notify()
         return ForgetOutcome(scope, str(path), removed)
-
-    def adopt(self, conf: AllocConf, result: ApplyResult) -> None:
-        """Record that ``conf`` was applied outside :meth:`apply` (settings restored at load)."""
-        with self.lock:
-            self._remember(conf, result)
-        self._notify()
 
     def _apply_locked(self, conf: AllocConf, state: RuntimeState, *, save: bool) -> ApplyResult:
         result = apply(conf, state=state)

@@ -36,7 +36,8 @@ sys.path.insert(0, {gpu!r})
 import torch
 from workloads import lightning_bf16
 from allocconf_widget.adapters.recorder import record
-from allocconf_widget.app.simulate import SimulationRequest, simulate, trace_source
+from allocconf_widget.app.simulate import SimulationRequest, simulate
+from allocconf_widget.app.sources import trace_source
 scenario, out = sys.argv[1], sys.argv[2]
 total = torch.cuda.get_device_properties(0).total_memory
 torch.cuda.set_per_process_memory_fraction({limit} / total, 0)

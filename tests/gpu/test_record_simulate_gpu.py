@@ -142,7 +142,8 @@ def test_a_recorded_cell_is_the_same_behind_the_flight_recorder_and_a_monitor():
 _SET_EARLIER = textwrap.dedent("""
     import json, types, torch
     from allocconf_widget.adapters.recorder import record
-    from allocconf_widget.app.simulate import SimulationRequest, simulate, trace_source
+    from allocconf_widget.app.simulate import SimulationRequest, simulate
+    from allocconf_widget.app.sources import trace_source
     MiB = 1 << 20
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(600 * MiB / total)   # a cell before the recording
@@ -177,7 +178,9 @@ def test_a_fraction_set_before_the_recording_is_the_one_replayed():
 _STREAMING = textwrap.dedent("""
     import json, sys, torch
     from allocconf_widget.adapters.recorder import record
-    from allocconf_widget.app.simulate import HOST_KEPT_PACE_NOTE, SimulationRequest, TraceSource, simulate
+    from allocconf_widget.app.simulate import SimulationRequest, simulate
+    from allocconf_widget.app.sources import TraceSource
+    from allocconf_widget.core.sim.trace_notes import HOST_KEPT_PACE as HOST_KEPT_PACE_NOTE
     from allocconf_widget.core.versions import TorchVersion
     sys.path.insert(0, sys.argv[2])
     from workloads import offload  # weights streamed one layer ahead on a copy stream
@@ -188,7 +191,7 @@ _STREAMING = textwrap.dedent("""
     source = TraceSource(rec.snapshot, "recorded", version, rec.device_total,
                          rec.device_total - rec.free_at_start, limit_known=True)
     report = simulate(source, SimulationRequest(confs=("",), workers=1))
-    row = report.to_json()[0]
+    row = report_json(report)[0]
     print("RESULT", json.dumps({"real_peak": real, "ran_ahead": row["recorded_cpu_ran_ahead"],
                                 "range": row["peak_reserved_range_bytes"],
                                 "note": HOST_KEPT_PACE_NOTE in report.all_notes()}))

@@ -112,7 +112,8 @@ _LOAD_ALL = textwrap.dedent("""
     import sys
     from pathlib import Path
     from allocconf_widget._errors import AllocConfError, SnapshotError
-    from allocconf_widget.app.simulate import SimulationRequest, file_source, simulate
+    from allocconf_widget.app.simulate import SimulationRequest, simulate
+    from allocconf_widget.app.sources import file_source
     for path in sorted(Path(sys.argv[1]).glob("*.pickle"), key=lambda p: int(p.stem)):
         print("loading", path.stem, flush=True)
         try:

@@ -103,7 +103,8 @@ def test_the_real_recording_itself_loads() -> None:
 def test_an_action_with_escape_sequences_reaches_no_view_raw(tmp_path: Path) -> None:
     """A trace entry's action is the file's own string: it was printed raw in the header of
     ``allocconf simulate`` (ESC, CR and BEL included)."""
-    from allocconf_widget.app.simulate import SimulationRequest, file_source, simulate
+    from allocconf_widget.app.simulate import SimulationRequest, simulate
+    from allocconf_widget.app.sources import file_source
     from allocconf_widget.core.versions import parse_version
     from allocconf_widget.views.text.simulate import render_simulation
 

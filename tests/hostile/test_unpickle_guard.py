@@ -158,7 +158,7 @@ def test_shapes_that_broke_an_early_decode_cost_the_caller_nothing(tmp_path):
     done = _run(f"""
         import os, pickle, resource, sys, time
         from allocconf_widget._errors import SnapshotError
-        from allocconf_widget.app.simulate import file_source
+        from allocconf_widget.app.sources import file_source
 
         def entry(action="alloc", addr=1 << 40, size=512, **more):
             return {{"action": action, "addr": addr, "size": size, "stream": 0, "time_us": 1, **more}}

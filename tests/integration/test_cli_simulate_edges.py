@@ -14,6 +14,7 @@ from typing import Any
 
 from allocconf_widget.core.sim.recommend import recommend
 from allocconf_widget.core.units import format_bytes
+from tests.reasons import candidate_reason
 from tests.unit.test_simulator_edges import _extract, one_free_waiting_on_another_stream
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +47,8 @@ def test_the_text_view_and_the_reasons_show_the_range(tmp_path: Path) -> None:
     assert ranged and rec.current in ranged
     for c in ranged:
         low, high = c.result.reserved_range
-        assert f"the peak lies between {format_bytes(low)} and {format_bytes(high)}" in c.reason
+        said = candidate_reason(rec, c)
+        assert f"the peak lies between {format_bytes(low)} and {format_bytes(high)}" in said
     path = tmp_path / "two_streams.pickle"
     path.write_bytes(pickle.dumps(b.snapshot({})))
     out = subprocess.run([sys.executable, "-m", "allocconf_widget", "simulate", str(path),

@@ -53,7 +53,8 @@ def test_dryrun_cell_predicts_and_leaves_the_users_model_real(ip, capsys):
     result = ip.run_cell_magic("allocconf", "-r dryrun --gpu t4", CELL)
     out = capsys.readouterr().out
     assert "dry run (estimate)" in out and "CUDA was not started" in out
-    assert "Predicted with the settings this kernel applies: torch's defaults: peak reserved" in out
+    assert ("Predicted with the settings this kernel applies: torch's defaults on Tesla T4: "
+            "peak reserved") in out
     assert "on Tesla T4" in out
     assert "loss 1.000" in out  # the cell ran; its printed value is the dry run's placeholder
     weight = ip.user_ns["model"][0].weight
@@ -125,7 +126,7 @@ def test_each_staged_setting_is_predicted_from_the_dry_run(ip, capsys):
     ip.run_line_magic("allocconf", "set max_split_size_mb=256")
     out = capsys.readouterr().out
     assert ("Prediction from a dry run (estimate) of your step on Tesla T4, with max_split_size_mb:256: "
-            "peak reserved ") in out and "usable; fits." in out
+            "peak reserved ") in out and "usable by PyTorch; fits (a dry run's estimate)." in out
     assert "A dry run misses some library workspaces" in out  # labelled an estimate
     assert torch.cuda.is_initialized() is False
 
@@ -316,7 +317,8 @@ def test_the_dry_run_predicts_the_settings_the_kernel_applies(ip, capsys):
     capsys.readouterr()
     ip.run_cell_magic("allocconf", "dryrun --gpu t4", CELL)
     out = capsys.readouterr().out
-    assert "Predicted with the settings this kernel applies: max_split_size_mb:128: peak reserved" in out
+    assert ("Predicted with the settings this kernel applies: max_split_size_mb:128 on Tesla T4: "
+            "peak reserved") in out
     assert "dry run (dry run" not in out
 
 
@@ -474,7 +476,7 @@ def test_a_bad_save_path_is_said_before_the_cell_runs_and_keeps_the_dry_run(ip, 
 
 
 def test_a_saved_dry_run_is_named_by_the_cli_as_the_session_names_it(ip, capsys, tmp_path):
-    from allocconf_widget.app.simulate import file_source
+    from allocconf_widget.app.sources import file_source
 
     path = tmp_path / "step.pickle"
     ip.run_cell_magic("allocconf", f"dryrun --gpu t4 --save {path}", CELL)

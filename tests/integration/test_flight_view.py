@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from allocconf_widget.views.text.flight import headline
+
 pytest.importorskip("ipywidgets")
 
 from allocconf_widget.adapters.flight_history import FlightSettings, OomCapture, flight_history
@@ -51,7 +53,7 @@ def test_the_view_shows_breakdown_sites_map_and_verdict(view, demo):
     assert "Segments at the OOM" in view.segments.value
     body = view.verdict.value
     assert "Verdict: under " in body and ": no OOM" in body
-    assert "of a 4.00 GiB limit" in body
+    assert "of the 4.00 GiB a memory fraction of" in body
     assert "How sure: sure: the replay of your settings reproduced the OOM" in body
     assert view.apply_button.layout.display != "none" and not view.apply_button.disabled
     assert view.apply_button.description.startswith("Apply ")
@@ -108,7 +110,7 @@ def test_when_nothing_helps_the_verdict_says_allocated_not_cached(tmp_path):
                          meta["fraction"], meta["stats"], FlightSettings(), meta["torch"])
     result = verdict(capture)
     assert result.winner is None
-    assert result.headline == "no setting avoids this: 40.06 MiB is allocated, not cached"
+    assert headline(result) == "no setting avoids this: 40.06 MiB is allocated, not cached"
     view = FlightOomView(analyse(capture, with_verdict=False), session=Session())
     assert "no setting avoids this: 40.06 MiB is allocated, not cached" in view.verdict.value
     assert view.apply_button.layout.display == "none"
@@ -233,7 +235,7 @@ def test_a_kernel_already_running_a_setting_that_avoids_it_is_offered_nothing(de
     verdict_ = analysis.verdict
     assert verdict_ is not None and verdict_.current is not None
     assert verdict_.winner is None and verdict_.avoided
-    assert verdict_.headline.startswith("the settings this kernel runs now (expandable_segments:True) "
+    assert headline(verdict_).startswith("the settings this kernel runs now (expandable_segments:True) "
                                         "would have avoided it")
     assert all(o.conf != "expandable_segments:True" for o in verdict_.also)
     view = FlightOomView(analysis, session=Session(), report=build_report(demo.message, demo.settings))

@@ -181,7 +181,7 @@ def test_restart_in_a_terminal_shell_only_explains(ip, capsys):
     magic(ip, f"set {OPT_SET}", capsys)
     magic(ip, "apply", capsys)
     outcome, out = magic(ip, "restart", capsys)
-    assert outcome.started is False  # never kills a terminal session
+    assert outcome.restart.started is False  # never kills a terminal session
     assert persist.load().conf.to_string() == OPT
     assert "Quit this IPython" in out
 

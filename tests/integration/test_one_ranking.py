@@ -94,7 +94,8 @@ def test_a_recording_made_under_a_fraction_ranks_as_its_file_does(tmp_path, monk
     where the run peaked at 2.87 GiB, and no garbage-collection rows)."""
     import tarfile
 
-    from allocconf_widget.app.simulate import SimulationRequest, file_source, simulate, trace_source
+    from allocconf_widget.app.simulate import SimulationRequest, simulate
+    from allocconf_widget.app.sources import file_source, trace_source
 
     for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF"):
         monkeypatch.delenv(name, raising=False)

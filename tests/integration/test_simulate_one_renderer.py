@@ -122,7 +122,8 @@ def test_in_a_notebook_the_table_is_html_with_the_same_cells(ip, capsys, monkeyp
 def test_in_a_notebook_a_peak_and_its_range_each_keep_to_one_line():
     """In a narrow output area "608.00 MiB (608.00 MiB– 714.00 MiB by GPU timing)" wrapped over
     four lines: the value and its parenthesis are each unbreakable, one under the other."""
-    from allocconf_widget.app.simulate import SimulationRequest, file_source, simulate
+    from allocconf_widget.app.simulate import SimulationRequest, simulate
+    from allocconf_widget.app.sources import file_source
     from allocconf_widget.views.text.simulate import render_simulation_html
 
     report = simulate(file_source(str(DATA / "streams2__frac_default.pickle.gz")),

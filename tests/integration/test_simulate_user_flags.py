@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from allocconf_widget.core.sim.outcome import Outcome
+from allocconf_widget.views.text.reasons import row_reason
+
 DATA = Path(__file__).resolve().parents[1] / "data"
 PACKAGE_DATA = Path(__file__).resolve().parents[2] / "allocconf_widget" / "data"
 H200_TOTAL = 150_109_880_320  # the H200's memory as torch reports it (the sidecars')
@@ -65,22 +68,23 @@ def test_a_recorded_oom_that_fits_says_the_run_takes_another_path():
     trace = str(DATA / "batchfind_raw__frac_default.pickle.gz")
     run = _cli(trace, "--fraction", "0.9", "--conf", "")
     assert run.returncode == 0, run.stderr
-    assert "the request that failed at event 886 fits here, so the run's path changes there" in run.stdout
+    assert "the request that failed at event 886 fits here: the run's path changes there" in run.stdout
     rows = json.loads(_cli(trace, "--fraction", "0.9", "--conf", "", "--json").stdout)
     assert rows[0]["path_changes_at"] == 886
 
 
 def test_rows_predicted_to_the_end_rank_before_rows_whose_path_changes():
-    from allocconf_widget.app.simulate import SimulationRequest, file_source, simulate
+    from allocconf_widget.app.simulate import SimulationRequest, simulate
+    from allocconf_widget.app.sources import file_source
 
     trace = str(DATA / "batchfind_raw__frac_default.pickle.gz")
     report = simulate(file_source(trace), SimulationRequest(rank=True, workers=1, fraction=0.06))
-    changed = [row.result.path_changes_at is not None for row in report.rows
-               if not (row.result.oom_fatal or row.result.handler_decides)]
+    changed = [row.outcome is Outcome.PATH_CHANGES for row in report.rows if not row.outcome.stops]
     assert changed == sorted(changed), "a row with an unpredicted tail ranked above a whole one"
     for row in report.rows:
         if row.result.path_changes_at is not None:
-            assert row.reason is not None and "fits here" in row.reason
+            reason = row_reason(report, row)
+            assert reason is not None and "fits here" in reason
 
 
 def test_rows_that_fail_where_the_current_settings_fail_get_no_better_or_worse_story():
@@ -88,7 +92,8 @@ def test_rows_that_fail_where_the_current_settings_fail_get_no_better_or_worse_s
     20 MiB pages costs more than it saves" was the reason for expandable segments, whose peak
     was lower."""
     from allocconf_widget.app.session import Session
-    from allocconf_widget.app.simulate import SimulationRequest, simulate, trace_source
+    from allocconf_widget.app.simulate import SimulationRequest, simulate
+    from allocconf_widget.app.sources import trace_source
 
     report = simulate(trace_source(Session(), demo=True),
                       SimulationRequest(rank=True, workers=1, fraction=0.03))
@@ -98,7 +103,8 @@ def test_rows_that_fail_where_the_current_settings_fail_get_no_better_or_worse_s
             and row.result.events == current.result.events]
     assert same, "the demo under 0.03 no longer has rows failing with the current settings"
     for row in same:
-        assert row.reason is not None and row.reason.endswith("the same request fails as now"), row.reason
+        reason = row_reason(report, row)
+        assert reason is not None and reason.endswith("the same request fails as now"), reason
 
 
 def test_the_bundled_flight_recording_replays_with_its_own_facts():
@@ -135,13 +141,15 @@ def test_a_size_that_cannot_be_read_names_its_flag():
 def test_a_split_limit_beside_expandable_segments_is_blamed_on_the_pair():
     """Worse than now, the pair's reason said "mapping in 20 MiB pages costs more than it
     saves" although expandable segments alone halve this run's peak."""
-    from allocconf_widget.app.simulate import SimulationRequest, file_source, simulate
+    from allocconf_widget.app.simulate import SimulationRequest, simulate
+    from allocconf_widget.app.sources import file_source
 
     report = simulate(file_source(str(DATA / "cnn__default.pickle.gz")), SimulationRequest(
         rank=True, workers=1, confs=("max_split_size_mb:256,expandable_segments:True",)))
     row = next(r for r in report.rows if r.conf == "max_split_size_mb:256,expandable_segments:True")
-    assert row.reason is not None and "drop the split limit" in row.reason
-    assert "costs more than it saves" not in row.reason
+    reason = row_reason(report, row)
+    assert reason is not None and "drop the split limit" in reason
+    assert "costs more than it saves" not in reason
 
 
 @pytest.fixture

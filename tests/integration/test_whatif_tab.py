@@ -260,21 +260,25 @@ def test_the_staged_draft_is_a_row_of_its_own_and_a_newer_one_asks_for_compare()
 
 
 def test_a_draft_the_trace_cannot_replay_is_a_note_not_a_failure():
-    from allocconf_widget.app.simulate import SimulationRequest, simulate, trace_source
+    from allocconf_widget.app.simulate import SimulationRequest, simulate
+    from allocconf_widget.app.sources import trace_source
 
     report = simulate(trace_source(Session(), demo=True),
-                      SimulationRequest(rank=True, draft="max_split_size_mb:1", workers=1))
-    assert report.rows and any("your staged draft max_split_size_mb:1 is not ranked" in n
-                               for n in report.notes)
+                      SimulationRequest(rank=True, workers=1, draft=parse_conf(
+                          "throw_on_cudamalloc_oom:True", "2.13", warn=False)))
+    assert report.rows and any("your staged draft throw_on_cudamalloc_oom:True is not ranked" in n
+                               for n in report.all_notes())
 
 
 @pytest.mark.skipif(not has_torch((2, 1)), reason="expandable segments need torch 2.1+")
 def test_a_draft_that_replays_as_a_grid_row_marks_that_row():
     """expandable_segments:False replays as the defaults: it got no row and no word."""
-    from allocconf_widget.app.simulate import SimulationRequest, simulate, trace_source
+    from allocconf_widget.app.simulate import SimulationRequest, simulate
+    from allocconf_widget.app.sources import trace_source
 
     report = simulate(trace_source(Session(), demo=True),
-                      SimulationRequest(rank=True, draft="expandable_segments:False", workers=1,
+                      SimulationRequest(rank=True, workers=1,
+                                        draft=parse_conf("expandable_segments:False", warn=False),
                                         kernel=parse_conf("max_split_size_mb:256", warn=False)))
     drafted = [r for r in report.rows if r.is_draft]
     assert len(drafted) == 1 and drafted[0].result.peak_reserved_bytes == next(

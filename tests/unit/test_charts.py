@@ -182,8 +182,8 @@ def test_recorded_transformer_timeline_round_trips_through_json():
 
 def test_peak_bars_and_overlay_from_plain_tuples():
     runs = [
-        ("default", [0, 1, 2], [1 << 30, 5 << 30, 4 << 30], 5 << 30, False),
-        ConfigRun("max_split_size_mb:128", [0, 1], [1 << 30, 9 << 30], 9 << 30, True),
+        ("default", [0, 1, 2], [1 << 30, 5 << 30, 4 << 30], 5 << 30, ""),
+        ConfigRun("max_split_size_mb:128", [0, 1], [1 << 30, 9 << 30], 9 << 30, "OOM"),
     ]
     bars = peak_bar_chart(runs, device_total=8 << 30)
     assert list(bars.data[0].x) == ["default", "max_split_size_mb:128"]

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from allocconf_widget._errors import SnapshotError
-from allocconf_widget.app.simulate import SimulationRequest, file_source, simulate
+from allocconf_widget.app.simulate import SimulationRequest, simulate
+from allocconf_widget.app.sources import file_source
 from allocconf_widget.core.memory.snapshot import (
     TRACES_CUT_KEY,
     load_snapshot,
@@ -21,6 +22,7 @@ from allocconf_widget.core.memory.snapshot import (
 )
 from allocconf_widget.core.sim.trace.extract import extract_trace, guess_torch_version, read_pickled_trace
 from allocconf_widget.core.sim.trace.model import Trace
+from allocconf_widget.views.text.simulate import headline, report_json
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 RECORDINGS = sorted(DATA.glob("*.pickle.gz"))
@@ -30,8 +32,8 @@ FIELDS = tuple(Trace.__dataclass_fields__)
 def _shown(report) -> tuple[object, ...]:
     """What a report says: its rows as ``--json`` writes them (less the seconds each replay
     took), its notes and headline, and the release whose rules it used and why."""
-    rows = [{k: v for k, v in row.items() if k != "seconds"} for row in report.to_json()]
-    return rows, report.all_notes(), report.headline(), report.torch_version, report.version_note
+    rows = [{k: v for k, v in row.items() if k != "seconds"} for row in report_json(report)]
+    return rows, report.all_notes(), headline(report), report.torch_version, report.version_note
 
 
 def _same(a: Trace, b: Trace) -> None:

@@ -271,7 +271,7 @@ def test_predict_replays_a_recording_too():
 
     from allocconf_widget.app.dryrun import predict
     from allocconf_widget.app.session import Session
-    from allocconf_widget.app.simulate import trace_source
+    from allocconf_widget.app.sources import trace_source
     from allocconf_widget.core.sim.trace.extract import extract_trace
 
     source = trace_source(Session())  # no recording, no dry run: the bundled one
@@ -308,7 +308,7 @@ def test_the_whatif_replays_a_dry_run_labelled_an_estimate():
         _mlp_step(2048)
     report = simulate(run.source(), SimulationRequest(rank=True))
     assert "dry run (estimate)" in report.source_label
-    assert any("fake CUDA tensors" in n for n in report.notes)
+    assert any("fake CUDA tensors" in n for n in report.all_notes())
     assert report.device_total == profile("l4").total_bytes
     assert report.rows
     assert run.source().trace() is run.decoded()  # predictions and the what-if: one decoding

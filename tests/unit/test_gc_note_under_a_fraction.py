@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from allocconf_widget.app.simulate import SimulationRequest, TraceSource, file_source, simulate
+from allocconf_widget.app.simulate import SimulationRequest, simulate
+from allocconf_widget.app.sources import TraceSource, file_source
 from allocconf_widget.core.versions import TorchVersion
 from tests.snapshot_builders import block, segment
 from tests.unit.test_simulator_start_state import BASE, MiB, entry, seeded
@@ -19,7 +20,7 @@ GC = "garbage_collection_threshold:0.6"
 
 def _notes(fraction: float | None, trace: Path = TRACE) -> str:
     report = simulate(file_source(str(trace)), SimulationRequest(confs=(GC,), fraction=fraction))
-    return " ".join(report.notes)
+    return " ".join(report.all_notes())
 
 
 def test_no_gc_trap_note_when_the_replay_has_a_memory_fraction():
@@ -64,7 +65,7 @@ def test_gc_rows_from_a_start_with_idle_segments_say_their_order_is_a_guess(
                          device_total=400 * MiB, non_pytorch_bytes=0)
     report = simulate(source, SimulationRequest(
         confs=("", "garbage_collection_threshold:0.6"), fraction=fraction))
-    said = [n for n in report.notes if "idle" in n]
+    said = [n for n in report.all_notes() if "idle" in n]
     assert bool(said) == noted, report.notes
     if noted:
         assert "2 cached segments" in said[0] and "garbage_collection_threshold" in said[0]

@@ -18,17 +18,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from allocconf_widget.app.simulate import (
-    SimulationReport,
-    SimulationRequest,
-    TraceSource,
-    file_source,
-    simulate,
-)
+from allocconf_widget.app.simulate import SimulationReport, SimulationRequest, simulate
+from allocconf_widget.app.sources import TraceSource, file_source
 from allocconf_widget.core.memory.snapshot import load_snapshot
 from allocconf_widget.core.sim.capacity import fraction_for, held_limit, replay_room
 from allocconf_widget.core.sim.trace.extract import extract_trace
 from allocconf_widget.core.versions import TorchVersion
+from allocconf_widget.views.text.simulate import report_json
 from tests.trace_builder import TraceBuilder
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -139,7 +135,7 @@ def test_a_raw_snapshot_replays_under_the_limit_its_ooms_show(tmp_path: Path):
     known = simulate(file_source(str(original)), request)
     read = simulate(file_source(str(bare)), request)
     assert read.fidelity is not None and read.fidelity.exact and read.fidelity.peak_matches
-    assert any("held to a limit below the device" in note for note in read.notes)
+    assert any("held to a limit below the device" in note for note in read.all_notes())
     assert read.limit_bytes is not None and known.limit_bytes is not None
     want = [(r.result.oom is not None, r.result.oom_fatal) for r in known.rows]
     got = [(r.result.oom is not None, r.result.oom_fatal) for r in read.rows]
@@ -175,7 +171,7 @@ def _report(b: TraceBuilder, *, limit_known: bool = False, device_total: int | N
 
 
 def _held_note(report: SimulationReport) -> bool:
-    return any("held to a limit below the device" in note for note in report.notes)
+    return any("held to a limit below the device" in note for note in report.all_notes())
 
 
 def test_a_sidecar_that_says_there_was_no_fraction_is_believed():
@@ -201,7 +197,7 @@ def test_a_limit_read_off_the_ooms_names_no_row_and_is_in_the_json():
     no row offers it as a setting to apply, and ``--json`` says the limit and its range."""
     report = _report(_held_run(device_free=50 * GiB))
     assert report.rows[0].conf == "" and "fraction" not in report.rows[0].label
-    doc = report.to_json()[0]
+    doc = report_json(report)[0]
     assert doc["limit_bytes"] == 450 * MiB and doc["limit_read_off_ooms_bytes"] == [300 * MiB, 600 * MiB]
 
 
@@ -227,7 +223,7 @@ def test_a_limit_a_byte_above_the_peak_is_not_rounded_below_it():
     b.alloc(1000)
     report = _report(b)
     assert _held_note(report)
-    assert not any("ran without that limit" in note for note in report.notes), report.notes
+    assert not any("ran without that limit" in note for note in report.all_notes()), report.notes
 
 
 @given(st.integers(1, 1 << 50), st.integers(1, 1 << 50))

@@ -91,6 +91,8 @@ def _area(module: str) -> str:
     parts = module.split(".")[1:]
     if not parts:
         return "package"
+    if parts[:2] == ["adapters", "frontend"]:
+        return "adapters.frontend"  # front-end detection: the one adapter views may use
     if parts[0] in ("core", "views") and len(parts) > 2:
         return f"{parts[0]}.{parts[1]}"
     return parts[0]
@@ -103,20 +105,26 @@ ALLOWED: dict[str, set[str]] = {
     "core.memory": {"core", "core.memory", "_errors"},
     "core.dryrun": {"core", "core.dryrun", "_errors"},
     "core.sim": {"core", "core.config", "core.memory", "core.sim", "_errors"},
-    "adapters": {"core", "core.config", "core.memory", "core.sim", "core.dryrun", "adapters", "_errors"},
-    "app": {"core", "core.config", "core.memory", "core.sim", "core.dryrun", "adapters", "app", "_errors"},
-    "views.charts": {"core", "core.memory", "core.sim", "core.dryrun", "adapters", "app", "views.charts",
-                     "_errors"},
+    "adapters.frontend": {"core", "core.config", "core.memory", "core.sim", "core.dryrun", "adapters",
+                          "adapters.frontend", "_errors"},
+    "adapters": {"core", "core.config", "core.memory", "core.sim", "core.dryrun", "adapters", "_errors",
+                 "adapters.frontend"},
+    "app": {"core", "core.config", "core.memory", "core.sim", "core.dryrun", "adapters", "app", "_errors",
+            "adapters.frontend"},
+    "views.charts": {"core", "core.memory", "core.sim", "core.dryrun", "app", "views.charts", "views.text",
+                     "_errors", "adapters.frontend"},
     "views.text": {"core", "core.config", "core.memory", "core.sim", "core.dryrun", "app", "views.text",
-                   "_errors"},
+                   "_errors", "adapters.frontend"},
     # The three front ends share the renderers (charts, text) and never import each other,
     # except that %allocconf's job is to *display* the panel and the monitor widgets.
-    "views.cli": {"core", "core.config", "core.memory", "core.sim", "core.dryrun", "adapters", "app",
-                  "views.text", "views.cli", "_errors", "package"},
-    "views.magic": {"core", "core.config", "core.memory", "core.sim", "core.dryrun", "adapters", "app",
-                    "views.text", "views.charts", "views.magic", "views.widgets", "_errors"},
-    "views.widgets": {"core", "core.config", "core.memory", "core.sim", "core.dryrun", "adapters", "app",
-                      "views.text", "views.charts", "views.widgets", "_errors"},
+    "views.cli": {"core", "core.config", "core.memory", "core.sim", "core.dryrun", "app", "views.text",
+                  "views.cli", "_errors", "package", "adapters.frontend"},
+    "views.python": {"core", "core.config", "core.memory", "core.sim", "core.dryrun", "app", "views.text",
+                     "views.python", "_errors", "adapters.frontend"},
+    "views.magic": {"core", "core.config", "core.memory", "core.sim", "core.dryrun", "app", "views.text",
+                    "views.charts", "views.magic", "views.widgets", "_errors", "adapters.frontend"},
+    "views.widgets": {"core", "core.config", "core.memory", "core.sim", "core.dryrun", "app", "views.text",
+                      "views.charts", "views.widgets", "_errors", "adapters.frontend"},
 }
 
 

@@ -20,11 +20,24 @@ def test_a_rule_the_verdict_replayed_points_to_the_verdicts_apply():
 
 
 def test_the_verdict_says_a_winners_peak_with_its_range_by_gpu_timing():
-    from allocconf_widget.app.flight import Verdict, VerdictOption
+    import dataclasses
 
-    ranged = VerdictOption("expandable_segments:True", True, 3 << 30, "",
-                           "3.00 GiB (2.50 GiB–3.50 GiB by GPU timing)")
-    verdict = Verdict(limit=4 << 30, allocated_at_oom=1 << 30, winners=(ranged,), losers=(),
-                      sureness="exact", events=10)
-    said = verdict.option_line(ranged)
-    assert "3.00 GiB (2.50 GiB–3.50 GiB by GPU timing) of a 4.00 GiB limit: no OOM" in said
+    from allocconf_widget.app.flight import Sureness, Verdict, VerdictOption
+    from allocconf_widget.app.simulate import SimulationRow
+    from allocconf_widget.core.sim.capacity import Limit
+    from allocconf_widget.core.sim.settings import SimSettings
+    from allocconf_widget.core.sim.simulator import simulate
+    from allocconf_widget.views.text.flight import option_line
+    from tests.trace_builder import TraceBuilder
+
+    b = TraceBuilder()
+    b.free(b.alloc(1 << 20))
+    replayed = simulate(b.build(), SimSettings(expandable_segments=True), device_total=8 << 30)
+    ranged = dataclasses.replace(replayed, peak_reserved_bytes=3 << 30,
+                                 peak_reserved_range=(5 << 29, 7 << 29))
+    option = VerdictOption(SimulationRow("expandable_segments:True", "expandable_segments:True", ranged))
+    verdict = Verdict(limit=Limit(4 << 30, 0.5, 8 << 30), allocated_at_oom=1 << 30, winners=(option,),
+                      losers=(), sureness=Sureness.SURE, fidelity=None, events=10)
+    said = option_line(verdict, option)
+    assert ("3.00 GiB (2.50 GiB–3.50 GiB by GPU timing) of the 4.00 GiB a memory fraction of 0.5 "
+            "allows (of 8.00 GiB): no OOM") in said

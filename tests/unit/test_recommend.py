@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.trace.extract import extract_trace
 from allocconf_widget.core.units import format_bytes
 from allocconf_widget.core.versions import TorchVersion
+from tests.reasons import candidate_reason
 from tests.trace_builder import TraceBuilder
 
 MiB = 1 << 20
@@ -47,15 +47,14 @@ def test_ranking_puts_the_smallest_peak_first_with_reasons() -> None:
     peaks = [c.result.peak_reserved_bytes for c in rec.candidates]
     assert peaks == sorted(peaks)
     assert rec.best.conf == "expandable_segments:True"
-    assert "expandable segments map memory in pages" in rec.best.reason
-    assert "vs" in rec.best.reason and "now (−" in rec.best.reason
-    assert rec.current.is_current and rec.current.reason.startswith("current settings")
+    assert "expandable segments map memory in pages" in candidate_reason(rec, rec.best)
+    assert "vs" in candidate_reason(rec, rec.best) and "now (−" in candidate_reason(rec, rec.best)
+    assert rec.current.is_current and candidate_reason(rec, rec.current).startswith("current settings")
     assert sum(c.is_current for c in rec.candidates) == 1
     # a synthetic trace records no segment events: the model check says so, once
     assert rec.fidelity is not None and not rec.fidelity.checked
     assert "records no segment events" in rec.fidelity.summary()
-    assert not any("segment events" in note for note in rec.notes)
-    json.dumps(rec.to_json())
+    assert not any("segment events" in note.text for note in rec.notes)
 
 
 def test_no_oom_ranks_before_any_peak_and_the_reason_says_so() -> None:
@@ -65,12 +64,12 @@ def test_no_oom_ranks_before_any_peak_and_the_reason_says_so() -> None:
     assert rec.current.result.oom is not None
     first = rec.best
     assert first.result.oom is None
-    assert first.reason.startswith("avoids the OOM at event")
+    assert candidate_reason(rec, first).startswith("avoids the OOM at event")
     failing = [c for c in rec.candidates if c.result.oom is not None]
     assert rec.candidates[-len(failing):] == tuple(failing)
     for c in failing:
         if not c.is_current:
-            assert "runs out of memory at event" in c.reason
+            assert "runs out of memory at event" in candidate_reason(rec, c)
 
 
 def test_gc_candidates_appear_only_with_a_fraction() -> None:
@@ -120,7 +119,7 @@ def test_recorded_cnn_trace_prefers_expandable_segments() -> None:
     assert rec.current.result.peak_reserved_bytes == 11_479_810_048
     split128 = next(c for c in rec.candidates if c.conf == "max_split_size_mb:128")
     assert split128.result.peak_reserved_bytes == 26_625_441_792  # measured: 26.6 GB
-    assert "reused only for requests within" in split128.reason
+    assert "reused only for requests within" in candidate_reason(rec, split128)
 
 
 def test_settings_the_kernels_torch_does_not_take_are_not_offered() -> None:
@@ -137,7 +136,7 @@ def test_settings_the_kernels_torch_does_not_take_are_not_offered() -> None:
     assert "expandable_segments:True" not in offered
     assert not any("max_non_split_rounding_mb" in c for c in offered)
     assert "max_split_size_mb:256" in offered  # what 1.13 takes stays
-    note = next(n for n in old.notes if n.startswith("not offered"))
+    note = next(n.text for n in old.notes if n.text.startswith("not offered"))
     assert "torch 1.13" in note and "expandable_segments:True" in note
 
 
@@ -154,7 +153,7 @@ def test_a_settings_mechanism_does_not_flip_with_what_runs_now() -> None:
         rec = recommend(trace, torch_version=v, current_conf=current,
                         extra_confs=["max_split_size_mb:128"], workers=1)
         row = next(c for c in rec.candidates if c.conf == "max_split_size_mb:128")
-        return row.reason.split("): ", 1)[1]
+        return candidate_reason(rec, row).split("): ", 1)[1]
 
     beside_expandable, beside_split64 = why("expandable_segments:True"), why("max_split_size_mb:64")
     assert beside_expandable == beside_split64

@@ -10,7 +10,8 @@ fraction runs missed their real peak by more than 2 % (cnn: −27 %), 5 after.
 
 from __future__ import annotations
 
-from allocconf_widget.app.simulate import SimulationRequest, TraceSource, simulate
+from allocconf_widget.app.simulate import SimulationRequest, simulate
+from allocconf_widget.app.sources import TraceSource
 from allocconf_widget.core.versions import TorchVersion
 from tests.trace_builder import TraceBuilder
 

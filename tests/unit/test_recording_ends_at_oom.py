@@ -7,12 +7,16 @@ been replayed: every view says the rest was never recorded, and the report says 
 
 from __future__ import annotations
 
-from allocconf_widget.app.simulate import SimulationRequest, TraceSource, simulate
+from allocconf_widget.app.simulate import SimulationRequest, simulate
+from allocconf_widget.app.sources import TraceSource
+from allocconf_widget.core.sim.outcome import Outcome, outcome_of
 from allocconf_widget.core.sim.result import SimResult
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import simulate as replay
 from allocconf_widget.core.sim.trace.model import Trace
 from allocconf_widget.core.versions import TorchVersion
+from allocconf_widget.views.text.forecast import outcome_cell
+from allocconf_widget.views.text.simulate import report_json
 from tests.trace_builder import TraceBuilder
 
 MiB = 1 << 20
@@ -41,11 +45,11 @@ def test_a_setting_that_serves_the_failed_request_is_past_the_recording_not_oom_
     assert trace.ends_at_its_oom()
     roomy = _replay(trace, 200 * MiB)
     assert roomy.oom is None and roomy.outlives_recording
-    assert roomy.oom_verdict().startswith("past the recorded OOM; the rest of the run was never recorded")
+    assert outcome_cell(roomy).startswith("past the recorded OOM; the rest of the run was never recorded")
     assert roomy.to_json()["outlives_recording"] is True
     tight = _replay(trace, 80 * MiB)  # the recorded failure again: a dead run, as recorded
     assert tight.oom is not None and tight.oom.recorded and tight.oom_fatal
-    assert not tight.outlives_recording and tight.oom_verdict() == "yes"
+    assert not tight.outlives_recording and outcome_of(tight) is Outcome.RUNS_OUT
 
 
 def test_a_program_that_caught_its_oom_did_not_end_there():
@@ -53,7 +57,7 @@ def test_a_program_that_caught_its_oom_did_not_end_there():
     assert trace.program_catches_ooms() and not trace.ends_at_its_oom()
     roomy = _replay(trace, 200 * MiB)
     assert roomy.oom is None and not roomy.outlives_recording
-    assert not roomy.oom_verdict().startswith("past")
+    assert not outcome_cell(roomy).startswith("past")
 
 
 def test_the_report_says_once_that_the_recording_ends_at_the_oom():
@@ -62,7 +66,7 @@ def test_the_report_says_once_that_the_recording_ends_at_the_oom():
     said = [n for n in report.all_notes() if "up to the request that failed" in n]
     assert len(said) == 1 and said[0].startswith("the recording ends at the OOM that ended the program")
     assert all(row.result.outlives_recording for row in report.rows)
-    assert all(doc["outlives_recording"] for doc in report.to_json())
+    assert all(doc["outlives_recording"] for doc in report_json(report))
 
 
 def test_a_completed_run_gets_no_such_note():

@@ -18,9 +18,13 @@ import pytest
 
 from allocconf_widget.app.simulate import SimulationReport
 from allocconf_widget.core.memory.snapshot import load_snapshot
+from allocconf_widget.core.sim.outcome import Outcome, outcome_of
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import extract_trace, simulate
 from allocconf_widget.core.sim.trace.codes import OP_FREE_COMPLETED, OP_FREE_REQUESTED
+from allocconf_widget.views.text.forecast import outcome_cell
+from allocconf_widget.views.text.simulate import report_json
+from tests.reasons import candidate_reason
 from tests.trace_builder import TraceBuilder
 
 MiB = 1 << 20
@@ -58,7 +62,7 @@ def test_an_oom_the_program_caught_is_not_a_dead_run() -> None:
     assert result.events == trace.num_events  # the replay followed the whole run
     doc = result.to_json()
     assert doc["oom_fatal"] is False and doc["oom"] is not None
-    assert result.oom_verdict() != "yes" and "caught" in result.oom_verdict()
+    assert outcome_of(result) is Outcome.CAUGHT_AS_RECORDED and "caught" in outcome_cell(result)
 
 
 def test_an_oom_where_the_recording_had_none_leaves_the_rest_to_the_handler() -> None:
@@ -67,11 +71,11 @@ def test_an_oom_where_the_recording_had_none_leaves_the_rest_to_the_handler() ->
     result = simulate(trace, SimSettings(), device_total=24 * MiB)
     assert result.oom is not None and not result.oom.recorded
     assert result.stopped_early and result.oom_fatal is False
-    assert "handler" in result.oom_verdict()
+    assert outcome_of(result) is Outcome.HANDLER_DECIDES and "handler" in outcome_cell(result)
     from allocconf_widget.core.sim.recommend import recommend
 
     rec = recommend(trace, torch_version=(2, 11), device_total=24 * MiB, workers=1)
-    reasons = " ".join(c.reason for c in rec.candidates)
+    reasons = " ".join(candidate_reason(rec, c) for c in rec.candidates)
     assert "handler decides what follows" in reasons
     assert "dies" not in reasons
 
@@ -87,8 +91,8 @@ def test_a_new_oom_after_a_caught_one_is_the_handlers_in_every_view() -> None:
     result = simulate(b.build(), SimSettings(), device_total=40 * MiB)
     # the OOM the row names is the one the replay stopped at, not the recorded one before it
     assert result.oom is not None and not result.oom.recorded and result.oom.requested_bytes == 36 * MiB
-    assert result.stopped_early and result.handler_decides and not result.oom_fatal
-    assert result.oom_verdict() == "yes; the program catches it and its handler decides what follows"
+    assert result.stopped_early and outcome_of(result) is Outcome.HANDLER_DECIDES and not result.oom_fatal
+    assert outcome_cell(result).endswith("the program catches it; its handler decides what follows")
 
 
 def test_a_program_that_dies_of_its_oom_is_still_told_so() -> None:
@@ -100,7 +104,7 @@ def test_a_program_that_dies_of_its_oom_is_still_told_so() -> None:
     assert not trace.program_catches_ooms()
     result = simulate(trace, SimSettings(), device_total=30 * MiB)
     assert result.oom is not None and result.oom_fatal is True
-    assert result.oom_verdict() == "yes"
+    assert outcome_of(result) is Outcome.RUNS_OUT and outcome_cell(result).startswith("yes, at event")
 
 
 def test_where_the_handler_decides_every_view_names_the_oom_the_replay_stopped_at(tmp_path: Path) -> None:
@@ -118,7 +122,7 @@ def test_where_the_handler_decides_every_view_names_the_oom_the_replay_stopped_a
                                        per_process_memory_fraction=meta["fraction"])
         result = simulate(trace, settings, device_total=meta["device_total_bytes"])
         assert result.oom is not None
-        if result.handler_decides:
+        if outcome_of(result) is Outcome.HANDLER_DECIDES:
             stopped += 1
             assert not result.oom.recorded
             assert result.oom.event_index > 55
@@ -158,8 +162,9 @@ def test_a_free_waiting_on_another_stream_gives_a_range() -> None:
 
 
 def _report_of(b: TraceBuilder) -> SimulationReport:
-    from allocconf_widget.app.simulate import SimulationRequest, TraceSource
+    from allocconf_widget.app.simulate import SimulationRequest
     from allocconf_widget.app.simulate import simulate as simulate_source
+    from allocconf_widget.app.sources import TraceSource
     from allocconf_widget.core.versions import TorchVersion
 
     source = TraceSource(b.snapshot(), "built", TorchVersion(2, 11), None, 0)
@@ -183,22 +188,22 @@ def test_a_recording_whose_cpu_kept_pace_says_its_ranges_hold_for_that_pace_only
     """Round 20: the same weight-streaming program peaked 3.1 times higher with its CPU running
     ahead than with a CPU that waited (a slow host): from the second's recording the range has
     no width, and the report must not let that read as "timing cannot move this peak"."""
-    from allocconf_widget.app.simulate import HOST_KEPT_PACE_NOTE
     from allocconf_widget.core.sim.timing import host_ran_ahead
+    from allocconf_widget.core.sim.trace_notes import HOST_KEPT_PACE as HOST_KEPT_PACE_NOTE
 
     paced = cpu_kept_pace()
     assert host_ran_ahead(paced.build()) is False
     report = _report_of(paced)
     assert HOST_KEPT_PACE_NOTE in report.all_notes()
-    for doc in report.to_json():
+    for doc in report_json(report):
         assert doc["recorded_cpu_ran_ahead"] is False
         assert doc["peak_reserved_range_bytes"] == [60 * MiB, 60 * MiB]
     ahead = _report_of(one_free_waiting_on_another_stream())
     assert HOST_KEPT_PACE_NOTE not in ahead.all_notes()
-    assert {doc["recorded_cpu_ran_ahead"] for doc in ahead.to_json()} == {True}
+    assert {doc["recorded_cpu_ran_ahead"] for doc in report_json(ahead)} == {True}
     plain = TraceBuilder()
     plain.free(plain.alloc(30 * MiB))
-    assert {doc["recorded_cpu_ran_ahead"] for doc in _report_of(plain).to_json()} == {None}
+    assert {doc["recorded_cpu_ran_ahead"] for doc in report_json(_report_of(plain))} == {None}
 
 
 def test_a_completion_after_other_frees_but_before_the_next_allocation_kept_pace() -> None:

@@ -13,8 +13,9 @@ import os
 
 import pytest
 
-from allocconf_widget.app.simulate import SimulationRequest, TraceSource
+from allocconf_widget.app.simulate import SimulationRequest
 from allocconf_widget.app.simulate import simulate as simulate_source
+from allocconf_widget.app.sources import TraceSource
 from allocconf_widget.core.sim import simulator
 from allocconf_widget.core.sim.result import SimResult
 from allocconf_widget.core.sim.settings import SimSettings

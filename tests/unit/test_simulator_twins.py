@@ -19,6 +19,7 @@ from allocconf_widget.core.sim.result import SimResult
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import extract_trace, simulate, simulate_many
 from allocconf_widget.core.sim.trace.model import Trace
+from tests.reasons import candidate_reason
 from tests.snapshot_builders import block, segment
 from tests.trace_builder import TraceBuilder
 from tests.unit.test_simulator_start_state import BASE, entry, free, seeded
@@ -132,7 +133,7 @@ def test_the_reason_says_a_split_limit_never_acts_where_no_segment_reaches_it() 
 
     rec = recommend(_mixed_sizes(), torch_version=(2, 11), workers=1,
                     extra_confs=("max_split_size_mb:1024,roundup_power2_divisions:4",))
-    reasons = {c.conf: c.reason for c in rec.candidates}
+    reasons = {c.conf: candidate_reason(rec, c) for c in rec.candidates}
     for conf in ("max_split_size_mb:256", "max_split_size_mb:512"):
         assert "never acts" in reasons[conf] and "largest is 200.00 MiB" in reasons[conf], reasons[conf]
         assert "never split" not in reasons[conf]

@@ -9,7 +9,8 @@ under any limit the run had).
 
 from __future__ import annotations
 
-from allocconf_widget.app.simulate import SimulationReport, SimulationRequest, TraceSource, simulate
+from allocconf_widget.app.simulate import SimulationReport, SimulationRequest, simulate
+from allocconf_widget.app.sources import TraceSource
 from allocconf_widget.core.versions import TorchVersion
 from tests.trace_builder import TraceBuilder
 
@@ -41,7 +42,7 @@ def _report(b: TraceBuilder, device_total: int | None, *, limit_known: bool = Fa
 
 
 def _said(report: SimulationReport) -> list[str]:
-    return [note for note in report.notes if "out-of-memory path" in note]
+    return [note.text for note in report.notes if "out-of-memory path" in note.text]
 
 
 def test_without_the_device_a_user_is_told_the_burst_was_taken_as_empty_cache():

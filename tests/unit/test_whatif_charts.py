@@ -8,13 +8,16 @@ import re
 
 import pytest
 
+from allocconf_widget.views.text.forecast import result_peak
+
 pytest.importorskip("ipywidgets")
 
 
 @pytest.fixture(scope="module")
 def recommendation():
     from allocconf_widget.app.session import get_session
-    from allocconf_widget.app.simulate import SimulationRequest, simulate, trace_source
+    from allocconf_widget.app.simulate import SimulationRequest, simulate
+    from allocconf_widget.app.sources import trace_source
     from allocconf_widget.core.config.conf import parse_conf
 
     # the bundled recording ranks max_split_size_mb:128 last of 10
@@ -42,8 +45,8 @@ def test_labels_are_whole_and_the_chart_grows_to_hold_them():
     from allocconf_widget.views.widgets.whatif import bars_svg, overlay_svg
 
     long = "backend:cudaMallocAsync,expandable_segments:True,garbage_collection_threshold:0.6"
-    runs = [(long, [0.0, 1.0], [1.0, 2.0], 2.0, False, 2.0, 2.0),
-            ("(torch defaults)", [0.0, 1.0], [1.0, 3.0], 3.0, True, 3.0, 3.0)]
+    runs = [(long, [0.0, 1.0], [1.0, 2.0], 2.0, "", 2.0, 2.0),
+            ("(torch defaults)", [0.0, 1.0], [1.0, 3.0], 3.0, "OOM", 3.0, 3.0)]
     bars, lines = bars_svg(runs), overlay_svg(runs)
     assert long in _texts(bars) and f"— {long}" in _texts(lines)
     for svg in (bars, lines):
@@ -58,7 +61,8 @@ def test_a_peak_that_depends_on_gpu_timing_is_drawn_as_its_range(tmp_path):
     import tarfile
     from pathlib import Path
 
-    from allocconf_widget.app.simulate import SimulationRequest, file_source, simulate
+    from allocconf_widget.app.simulate import SimulationRequest, simulate
+    from allocconf_widget.app.sources import file_source
     from allocconf_widget.core.units import format_bytes
     from allocconf_widget.views.widgets.whatif import _runs, bars_svg, overlay_svg
 
@@ -73,7 +77,7 @@ def test_a_peak_that_depends_on_gpu_timing_is_drawn_as_its_range(tmp_path):
     runs = _runs(report)
     bars = bars_svg(runs)
     for row in ranged:
-        assert row.result.peak_reserved_text() in _texts(bars)
+        assert result_peak(row.result) in _texts(bars)
     assert bars.count("by GPU timing</title>") == len(ranged)
     top = max(r[6] for r in runs)
     assert _texts(overlay_svg(runs))[0] == format_bytes(int(top))

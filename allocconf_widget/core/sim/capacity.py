@@ -10,11 +10,14 @@ is estimated here from what the trace itself shows.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from allocconf_widget.core.units import MIB
+from allocconf_widget._errors import AllocConfError
+from allocconf_widget.core.sim.notes import Note, NoteKind
+from allocconf_widget.core.units import MIB, format_bytes
 
 if TYPE_CHECKING:
     from allocconf_widget.core.sim.trace.model import Trace
@@ -190,6 +193,202 @@ def fraction_for(limit: int, device_total: int) -> float:
 
 
 def _mib(n: int) -> str:
-    from allocconf_widget.core.units import format_bytes
-
     return format_bytes(n)
+
+
+# ---------------------------------------------------------------- the one capacity decision
+
+
+@dataclass(frozen=True)
+class KnownCapacity:
+    """What the caller knows of the memory a replay may use, before the trace is read."""
+
+    device_total: int | None = None
+    #: memory outside PyTorch's allocator; None: estimate it from the trace
+    non_pytorch_bytes: int | None = 0
+    #: a fraction the caller asks every row to run under (a what-if, ``--fraction``)
+    fraction_given: float | None = None
+    #: the fraction the run was made under, where the source knows it
+    source_fraction: float | None = None
+    #: whether the source knows the run's fraction (None included): a sidecar, the session
+    limit_known: bool = False
+    #: a fraction the run's own settings string set (``per_process_memory_fraction``)
+    settings_fraction: float | None = None
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The memory one row may reserve: a memory fraction's share, or the device's room."""
+
+    bytes: int
+    fraction: float | None  # the memory fraction that sets it; None: the device's usable memory
+    device_total: int
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The memory every row of a replay runs under, and why (typed notes)."""
+
+    device_total: int | None
+    non_pytorch_bytes: int
+    fraction: float | None  # every row's limit, unless a row's settings set their own
+    recording_fraction: float | None  # the fraction the recorded run was made under
+    held: HeldLimit | None = None  # the limit read off the trace's OOMs, where it is that
+    notes: tuple[Note, ...] = ()
+
+    @property
+    def usable_bytes(self) -> int | None:
+        """The device memory left to PyTorch; None where the device's size is unknown."""
+        return None if self.device_total is None else self.device_total - self.non_pytorch_bytes
+
+    @property
+    def recorded_limit(self) -> int | None:
+        """The limit the recorded run was held to (its fraction's, else the usable device)."""
+        if self.device_total is None:
+            return None
+        return _limit_of(self.recording_fraction, self.device_total, self.non_pytorch_bytes)
+
+    @property
+    def limit_bytes(self) -> int | None:
+        """The memory fraction's cap on every row, where it is tighter than the usable memory."""
+        limit = self.limit_for(None)
+        return limit.bytes if limit is not None and limit.fraction is not None else None
+
+    @property
+    def limit_range(self) -> tuple[int, int] | None:
+        """Where the limit was read off the trace's OOMs: the range they allow."""
+        return None if self.held is None else (self.held.low, self.held.high)
+
+    def limit_for(self, fraction: float | None) -> Limit | None:
+        """The limit a row runs under: its own memory fraction (``fraction``) or every row's,
+        within the usable memory. None where the device's size is unknown."""
+        if self.device_total is None:
+            return None
+        usable = self.device_total - self.non_pytorch_bytes
+        share = fraction if fraction is not None else self.fraction
+        if share is not None and int(share * self.device_total) < usable:
+            return Limit(int(share * self.device_total), share, self.device_total)
+        return Limit(usable, None, self.device_total)
+
+
+def decide_capacity(trace: Trace, known: KnownCapacity) -> Capacity:
+    """The memory every row of a replay of ``trace`` runs under, decided once.
+
+    The fraction in force is the one asked for, else the source's, else the run's settings
+    string's; where nobody knows the run's limit, one the trace's OOMs show is read off them
+    (:func:`replay_room`). Memory outside PyTorch not given is estimated
+    (:func:`estimate_non_pytorch`). The recording's own fraction is kept apart for the
+    self-check: a run that reserved more than the fraction in force allows was made without it.
+
+    Raises:
+        AllocConfError: a fraction outside (0, 1], or under 1 MiB of the device; memory
+            outside PyTorch that leaves nothing; a fraction of a device of unknown size.
+    """
+    notes: list[Note] = []
+    device_total = known.device_total
+    non_pytorch = _non_pytorch(trace, known, notes)
+    fraction = known.fraction_given if known.fraction_given is not None else known.source_fraction
+    _check_fraction(fraction, device_total)
+    if fraction is None and device_total is not None:
+        fraction = known.settings_fraction
+    room = replay_room(trace, device_total, non_pytorch, fraction, read_limit=not known.limit_known)
+    device_total, non_pytorch, fraction = room.device_total, room.non_pytorch_bytes, room.fraction
+    if room.note is not None:
+        notes.append(Note(NoteKind.CAPACITY, room.note))
+    if known.device_total is None and known.non_pytorch_bytes:
+        notes.append(_unused_non_pytorch(known.non_pytorch_bytes, device_total))
+    if device_total is not None and non_pytorch >= device_total:
+        raise AllocConfError(f"the memory outside PyTorch ({format_bytes(non_pytorch)}) leaves nothing "
+                             f"of the device's {format_bytes(device_total)} for PyTorch",
+                             fix="--non-pytorch is the memory outside the allocator (CUDA context, "
+                             "libraries), e.g. 600MiB")
+    if fraction is not None and device_total is None:
+        raise AllocConfError("a memory fraction is a share of the device's memory, which is not known "
+                             "for this trace", fix="give the device's total memory (--device-total)")
+    if device_total is None:
+        notes.append(Note(NoteKind.CAPACITY, "device capacity unknown: the device is treated as "
+                          "unlimited, so no OOM can be predicted (give --device-total)"))
+    known_fraction = fraction
+    if known.limit_known:
+        known_fraction = (known.source_fraction if known.source_fraction is not None
+                          else known.settings_fraction)
+    recording_fraction = _recording_fraction(trace, known_fraction, device_total, notes)
+    capacity = Capacity(device_total, non_pytorch, fraction, recording_fraction, room.held)
+    if not (known.limit_known or known.fraction_given is not None or known.settings_fraction is not None
+            or room.held is not None):  # nothing says what limit the run had
+        undecided = trace.releases_a_limit_decides(up_to=capacity.recorded_limit)
+        if undecided:
+            notes.append(_undecided_releases_note(undecided, device_known=device_total is not None))
+    return dataclasses.replace(capacity, notes=tuple(notes))
+
+
+def _check_fraction(fraction: float | None, device_total: int | None) -> None:
+    if fraction is None:
+        return
+    if not 0.0 <= fraction <= 1.0:
+        raise AllocConfError(f"a memory fraction must be between 0 and 1, not {fraction}",
+                             fix="pass e.g. 0.5 for half of the device")
+    if fraction == 0.0 or (device_total is not None and fraction * device_total < MIB):
+        raise AllocConfError(f"a memory fraction of {fraction:g} leaves less than 1 MiB of the device: "
+                             "every allocation would fail", fix="pass e.g. 0.5 for half of the device")
+
+
+def _non_pytorch(trace: Trace, known: KnownCapacity, notes: list[Note]) -> int:
+    """Memory outside the allocator: as given, else estimated when the device total is known
+    (a run that fills the card must stop below the device total, as the real one does)."""
+    if known.non_pytorch_bytes is not None:
+        return known.non_pytorch_bytes
+    if known.device_total is None:
+        return 0
+    estimate = estimate_non_pytorch(trace, known.device_total)
+    notes.append(Note(NoteKind.CAPACITY, estimate.note))
+    return estimate.bytes
+
+
+def _unused_non_pytorch(given: int, device_total: int | None) -> Note:
+    why = ("it is a share of the device's memory, which is not known" if device_total is None
+           else f"the room PyTorch had ({format_bytes(device_total)}) is read off the trace's OOM, "
+           "which leaves it out already")
+    return Note(NoteKind.CAPACITY, f"the memory outside PyTorch ({format_bytes(given)}) is not used: "
+                f"{why} (give the device's total, --device-total)")
+
+
+def _limit_of(fraction: float | None, device_total: int, non_pytorch: int) -> int:
+    """The memory a run could reserve: its fraction's share of the device, within what is
+    usable beside the memory outside PyTorch (as the replay's rules take it)."""
+    usable = max(device_total - non_pytorch, 0)
+    return usable if fraction is None else min(int(fraction * device_total), usable)
+
+
+def _recording_fraction(trace: Trace, fraction: float | None, device_total: int | None,
+                        notes: list[Note]) -> float | None:
+    """The memory fraction the recorded run was made under, as far as the trace can tell: the
+    one in force, unless the run reserved more than that fraction allows. Then the limit is a
+    what-if (``--fraction`` on a run made without one), and the self-check replays the run as
+    it was: under the limit it would measure the limit's effect, not the model. A trace whose
+    program changed its fraction mid-run keeps the one in force."""
+    if fraction is None or device_total is None or trace.limit_changes:
+        return fraction
+    allowed, peak = int(fraction * device_total), trace.recorded_reserved_peak()
+    if peak <= allowed:
+        return fraction
+    notes.append(Note(NoteKind.CAPACITY, (
+        f"the recording reserved up to {format_bytes(peak)}, more than a memory fraction of "
+        f"{fraction:g} allows ({format_bytes(allowed)}): it ran without that limit, so the "
+        "self-check replays it as it was, and every row applies the limit")))
+    return None
+
+
+def _undecided_releases_note(count: int, *, device_known: bool) -> Note:
+    """What a replay does with release bursts only the run's unknown limit could decide."""
+    bursts = "release burst" if count == 1 else "release bursts"
+    verb, pronoun = ("was", "it is") if count == 1 else ("were", "they are")
+    full = ("the run was at a memory fraction this snapshot does not record" if device_known
+            else "the device was full there")
+    give = ("give --fraction if the run had one" if device_known
+            else "give --device-total, and --fraction if the run had one")
+    return Note(NoteKind.EMPTY_CACHE, (
+        f"{count:,} {bursts} right before a new segment {verb} either malloc's out-of-memory path "
+        f"({full}) or a call of empty_cache(); {pronoun} replayed as empty_cache() under every "
+        "setting, which frees the cache there, so a setting that would not have reached that "
+        f"limit can be predicted low ({give})"))

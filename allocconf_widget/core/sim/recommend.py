@@ -12,6 +12,7 @@ simulated, so nothing recommended here can be rejected by torch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -19,31 +20,37 @@ from typing import Any
 
 from allocconf_widget._errors import AllocConfError, AllocConfWarning
 from allocconf_widget.core.sim.capacity import replay_room
+from allocconf_widget.core.sim.notes import Note, NoteKind
+from allocconf_widget.core.sim.outcome import Outcome, outcome_of
 from allocconf_widget.core.sim.result import Fidelity, SimResult
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.simulator import simulate_many
 from allocconf_widget.core.sim.trace.model import Trace
-from allocconf_widget.core.units import MIB, format_bytes
 from allocconf_widget.core.versions import TorchVersion, simulated_release
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """One replayed configuration and how it compares with the current one."""
+    """One replayed configuration; :class:`Recommendation` holds what it is compared with."""
 
     conf: str  # the PYTORCH_CUDA_ALLOC_CONF value to set ("" = torch's defaults)
-    kind: str  # current, defaults, expandable, max_split, roundup, gc, combo, extra
+    kind: str  # current, recorded, defaults, expandable, max_split, roundup, gc, combo, extra
     settings: SimSettings
     result: SimResult
-    reason: str
     is_current: bool
 
-    def to_json(self) -> dict[str, Any]:
-        """Plain dict: the conf string, the reason and the prediction."""
-        out = self.result.to_json()
-        out.pop("series", None)
-        out.update(conf=self.conf, kind=self.kind, reason=self.reason, is_current=self.is_current)
-        return out
+    @property
+    def outcome(self) -> Outcome:
+        return outcome_of(self.result)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """What a ranked row's reason compares it with: the current settings' replay (the numbers)
+    and torch's defaults' (what the option's mechanism does on this trace)."""
+
+    current: SimResult
+    defaults: SimResult
 
 
 @dataclass(frozen=True)
@@ -55,22 +62,13 @@ class Recommendation:
     fidelity: Fidelity | None
     torch_version: TorchVersion
     device_total: int | None
-    notes: tuple[str, ...] = ()
+    comparison: Comparison
+    notes: tuple[Note, ...] = ()
 
     @property
     def best(self) -> Candidate:
         """The top-ranked candidate (may be the current settings)."""
         return self.candidates[0]
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain dict for JSON output."""
-        return {
-            "torch_version": str(self.torch_version),
-            "device_total": self.device_total,
-            "fidelity": self.fidelity.to_json() if self.fidelity is not None else None,
-            "notes": list(self.notes),
-            "candidates": [c.to_json() for c in self.candidates],
-        }
 
 
 def candidate_confs(version: TorchVersion, *, with_fraction: bool) -> list[tuple[str, str]]:
@@ -99,23 +97,27 @@ def _offerable(grid: list[tuple[str, str]], release: TorchVersion | None,
     """Split the grid into what ``release`` accepts and what it rejects (with torch's reason)."""
     if release is None:
         return grid, []
+    kept = [(conf, kind) for conf, kind in grid if _takes(release, conf)]
+    return kept, [conf for conf, kind in grid if (conf, kind) not in kept]
+
+
+@functools.lru_cache(maxsize=256)
+def _takes(release: TorchVersion, conf: str) -> bool:
+    """Whether ``release`` accepts the grid's ``conf`` (asked once per release and setting)."""
     from allocconf_widget.core.config.conf import parse_conf
 
-    kept: list[tuple[str, str]] = []
-    rejected: list[str] = []
-    for conf, kind in grid:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                parse_conf(conf, release)
-        except AllocConfError:
-            rejected.append(conf)
-            continue
-        kept.append((conf, kind))
-    return kept, rejected
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            parse_conf(conf, release)
+    except AllocConfError:
+        return False
+    return True
 
 
+@functools.lru_cache(maxsize=256)
 def _settings_for(conf: str, version: TorchVersion) -> SimSettings:
+    """A grid setting as the replay models it (the grid is fixed: converted once per release)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AllocConfWarning)  # traps are explained by the reason
         return SimSettings.from_string(conf, version)
@@ -130,7 +132,7 @@ def recommend(
     device_total: int | None = None,
     non_pytorch_bytes: int = 0,
     fraction: float | None = None,
-    extra_confs: Iterable[str] | None = (),
+    extra_confs: Iterable[str | tuple[str, SimSettings]] | None = (),
     workers: int | None = None,
     recorded_settings: SimSettings | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -146,7 +148,8 @@ def recommend(
             is not given (and as its label).
         fraction: ``torch.cuda.set_per_process_memory_fraction`` value in force;
             applied to every candidate (it is a limit, not a tuning knob).
-        extra_confs: more option strings to try (validated; invalid ones raise).
+        extra_confs: more settings to try: option strings (validated; invalid ones raise), or
+            (label, settings) pairs already validated. A memory fraction of their own is kept.
         recorded_settings: what the trace ran with, when "current" is something else (the
             settings of the kernel looking at the recording): the self-check replays these,
             they get their own row, and every reason compares with the current settings.
@@ -163,11 +166,11 @@ def recommend(
         current_settings = _settings_for(current_conf or "", version)
     if fraction is None:
         fraction = (recorded_settings or current_settings).per_process_memory_fraction
-    notes: list[str] = []
+    notes: list[Note] = []
     room = replay_room(trace, device_total, non_pytorch_bytes, fraction, read_limit=False)
     device_total, non_pytorch_bytes, fraction = room.device_total, room.non_pytorch_bytes, room.fraction
     if room.note is not None:
-        notes.append(room.note)
+        notes.append(Note(NoteKind.CAPACITY, room.note))
     label = current_conf if current_conf is not None else current_settings.describe()
     current = dataclasses.replace(current_settings, per_process_memory_fraction=fraction, label=label)
 
@@ -185,16 +188,19 @@ def recommend(
         offer_release)
     grid += offered
     if not_offered:
-        notes.append(f"not offered, because torch {offer_release} does not take them: "
-                     + "; ".join(not_offered))
-    for conf, kind in grid + [(c, "extra") for c in extra_confs or ()]:
+        notes.append(Note(NoteKind.SETTINGS, f"not offered, because torch {offer_release} does not "
+                          "take them: " + "; ".join(not_offered)))
+    extras = list(extra_confs or ())
+    given = dict(e for e in extras if isinstance(e, tuple))
+    for conf, kind in grid + [(e if isinstance(e, str) else e[0], "extra") for e in extras]:
         try:
-            s = recorded if kind == "recorded" else _settings_for(conf, version)
+            s = recorded if kind == "recorded" else given.get(conf) or _settings_for(conf, version)
         except AllocConfError:
             if kind == "extra":
                 raise
             continue  # a grid entry this release rejects (e.g. minimum sizes)
-        s = dataclasses.replace(s, per_process_memory_fraction=fraction, label=conf)
+        own = s.per_process_memory_fraction if kind == "extra" else None
+        s = dataclasses.replace(s, per_process_memory_fraction=fraction if own is None else own, label=conf)
         # Against a kernel's own settings, another string stays a row even when it replays the
         # same (e.g. the defaults vs. release_lock_on_cudamalloc:True): it is a different Apply.
         if all(s != other or (recorded_settings is not None and k == "current" and c != conf)
@@ -222,197 +228,35 @@ def recommend(
     plain = dataclasses.replace(_settings_for("", version), per_process_memory_fraction=fraction)
     defaults = next((r for (_, _, s), r in zip(entries, results, strict=True)
                      if s == plain), base)  # (labels take no part in equality)
-    candidates = [  # each result carries the self-check, so its OOM verdict can say how sure it is
-        Candidate(conf, kind, s, r.with_fidelity(fidelity), _reason(kind, s, r, base, defaults),
-                  kind == "current")
+    candidates = [  # each result carries the self-check, so its verdict can say how sure it is
+        Candidate(conf, kind, s, r.with_fidelity(fidelity), kind == "current")
         for (conf, kind, s), r in zip(entries, results, strict=True)
     ]
     candidates.sort(key=_rank_key)
     # a trace without segment events: the model check's own line says so (Fidelity.summary)
     if fidelity is not None and fidelity.recorded_events > 0 and not fidelity.exact:
-        notes.append(
+        notes.append(Note(NoteKind.MODEL, (
             "the replay of the current settings does not reproduce the recorded segment "
-            f"events exactly ({fidelity.summary()}); treat the ranking as approximate"
-        )
+            f"events exactly ({fidelity.summary()}); treat the ranking as approximate")))
     elif fidelity is not None and fidelity.caveats:
-        notes.append("the replay cannot model everything in this trace ("
-                     + "; ".join(fidelity.caveats) + "); treat the ranking as approximate")
-    if trace.initial_state is not None:
-        notes.append(
-            f"the replays start from {trace.initial_state.provenance()} "
-            f"({trace.initial_state.describe()}): each candidate is replayed as if switched now, "
-            "mid-run, keeping those segments; peaks cover the recorded window")
-    elif trace.initial_note:
-        notes.append(trace.initial_note)
-    if trace.partial:
-        notes.append("the trace is partial (ring buffer wrapped): peaks cover only its window")
+        notes.append(Note(NoteKind.MODEL, "the replay cannot model everything in this trace ("
+                          + "; ".join(fidelity.caveats) + "); treat the ranking as approximate"))
     return Recommendation(
         candidates=tuple(candidates),
         current=next(c for c in candidates if c.is_current),
         fidelity=fidelity,
         torch_version=version,
         device_total=device_total,
+        comparison=Comparison(base, defaults),
         notes=tuple(notes),
     )
 
 
 def _rank_key(c: Candidate) -> tuple[bool, int, bool, int, int, bool, int]:
-    r = c.result
-    failed = _stops(r)
-    reach = -r.events if failed else 0  # among failures, the one that gets furthest
-    # a program whose recorded OOM fits here takes a path nobody recorded: its peak covers only
-    # the part before, so it ranks after the rows predicted to the end
-    unpredicted_tail = r.path_changes_at is not None
-    return (failed, reach, unpredicted_tail, r.peak_reserved_bytes, r.num_alloc_retries,
+    """Settings that get furthest first: those predicted to the end, then those whose peak
+    covers part of the run (a path nobody recorded follows), each by peak reserved; among
+    the ones that stop, the one that gets furthest."""
+    r, outcome = c.result, c.outcome
+    reach = -r.events if outcome.stops else 0
+    return (outcome.stops, reach, outcome.partial_peak, r.peak_reserved_bytes, r.num_alloc_retries,
             not c.is_current, len(c.conf))
-
-
-def _stops(r: SimResult) -> bool:
-    """The run ends (a fatal OOM) or the replay cannot follow it further (an OOM the program's
-    own handler would catch where the recording had none). OOMs the program caught in the
-    recording and catches again here end nothing."""
-    return r.oom_fatal or r.handler_decides  # oom_fatal is set only with an OOM
-
-
-def _oom_words(r: SimResult) -> str:
-    """The OOM part of a reason, never "dies" for a program that catches its OOMs."""
-    assert r.oom is not None
-    if r.oom_fatal:
-        return f"runs out of memory at event {r.oom.event_index:,}"
-    if r.handler_decides:
-        return (f"runs out of memory at event {r.oom.event_index:,}, where the recording did not; "
-                "the program catches its OOMs, so its own handler decides what follows (the replay "
-                "stops there)")
-    return (f"the program catches the OOM at event {r.oom.event_index:,} and goes on, as in the "
-            "recording")
-
-
-def _timing_words(r: SimResult) -> str:
-    """The peak range where GPU timing of record_stream frees can change it, else ''."""
-    if not r.timing_dependent:
-        return ""
-    low, high = r.reserved_range
-    text = (f"; with other GPU timing (frees waiting on other streams) the peak lies between "
-            f"{format_bytes(low)} and {format_bytes(high)}")
-    if r.timing_oom:
-        text += ", and the latest timing runs out of memory"
-    return text
-
-
-_WHY_BETTER = {
-    "expandable": "expandable segments map memory in pages instead of carving fixed segments",
-    "max_split": "blocks of {split} and more are never split, so small requests cannot "
-    "fragment the big cached blocks",
-    "max_split_expandable": "a split limit beside expandable segments can let reserved memory grow "
-    "while little is allocated (pytorch/pytorch#123548): the expandable segments do the work here",
-    "roundup": "rounding sizes up to 1/{div} steps of a power of two lets similar sizes "
-    "share cached blocks",
-    "gc": "cached segments that sat unused are released once reserved passes "
-    "{gc:.0%} of the allowed memory",
-    "defaults": "torch's defaults",
-    "recorded": "the settings the recording ran with",
-}
-_WHY_WORSE = {
-    "expandable": "mapping in {page} pages costs more than it saves for this trace",
-    "max_split": "blocks of {split} and more are reused only for requests within {slack} "
-    "of their size and released only on the OOM path, so large requests keep adding segments",
-    "max_split_expandable": "a split limit beside expandable segments lets reserved memory grow "
-    "while little is allocated (pytorch/pytorch#123548), as here: drop the split limit",
-    "roundup": "rounding sizes up to 1/{div} steps of a power of two pads every allocation",
-    "gc": "releasing idle segments early means re-allocating them later",
-    "defaults": "torch's defaults",
-    "recorded": "the settings the recording ran with",
-}
-
-
-def _reason(kind: str, s: SimSettings, r: SimResult, base: SimResult, defaults: SimResult) -> str:
-    """One line: the numbers against the current settings, then the mechanism: what the
-    setting does on this trace against torch's defaults (``defaults``), whatever runs now."""
-    if kind == "current":
-        text = (
-            f"current settings: peak reserved {format_bytes(r.peak_reserved_bytes)} for "
-            f"{format_bytes(r.peak_allocated_bytes)} peak allocated"
-        )
-        if r.oom is not None:
-            text += "; " + _oom_words(r)
-        if r.path_changes_at is not None:
-            text += "; " + r.path_change_words()
-        return text + _timing_words(r)
-    params = {
-        "split": format_bytes(s.max_split_bytes or 0),
-        "slack": format_bytes(s.max_non_split_rounding_bytes or 20 * MIB),
-        "div": max(s.roundup_slots),
-        "gc": s.gc_threshold,
-        "page": format_bytes(s.large_segment_bytes),
-    }
-    if _stops(r):
-        assert r.oom is not None
-        head = (
-            f"{_oom_words(r)} (needs {format_bytes(r.oom.segment_bytes)} with "
-            f"{format_bytes(r.oom.reserved_bytes)} reserved"
-        )
-        if _stops(base):
-            assert base.oom is not None
-            head += f"; now at event {base.oom.event_index:,}"
-        if _stops(base) and r.events == base.events:  # neither better nor worse: no mechanism
-            return f"{head}): the same request fails as now{_timing_words(r)}"
-        further = _stops(base) and r.events > base.events
-        return f"{head}): {_why(kind, s, better=further).format(**params)}{_timing_words(r)}"
-    new, old = r.peak_reserved_bytes, base.peak_reserved_bytes
-    if new == old:
-        head = f"same peak reserved as now ({format_bytes(new)})"
-    else:
-        ratio = (new - old) / old if old else 0.0
-        change = f"{ratio:+.1%}" if abs(ratio) < 0.095 else f"{ratio:+.0%}"
-        change = change.replace("-", "−") if old else "new"
-        head = f"peak reserved {format_bytes(new)} vs {format_bytes(old)} now ({change})"
-    if base.oom is not None and (r.oom is None or r.oom.event_index != base.oom.event_index):
-        caught = "" if _stops(base) else " the program caught"
-        head = f"avoids the OOM{caught} at event {base.oom.event_index:,}; " + head
-    if r.oom is not None:
-        head += "; " + _oom_words(r)
-    if r.path_changes_at is not None:
-        head += "; " + r.path_change_words()
-    plain = defaults.peak_reserved_bytes
-    idle = _idle_split_words(s, r)
-    if kind == "max_split" and idle:
-        why = idle  # the advice pasted most often, on a trace where it cannot do anything
-    elif new == plain and kind not in ("defaults", "recorded"):
-        why = "on this trace it reserves what torch's defaults reserve at the peak"
-        if idle:
-            why += "; " + idle
-    else:
-        why = _why(kind, s, better=new <= plain, idle_split=bool(idle)).format(**params)
-        if idle:
-            why = "; ".join(filter(None, (why, idle)))
-    return f"{head}: {why}{_timing_words(r)}"
-
-
-def _idle_split_words(s: SimSettings, r: SimResult) -> str:
-    """Where a ``max_split_size_mb`` can never act on this trace (no segment as large, in any
-    GPU timing: simulate_many's twin rule), say so, else ''."""
-    if s.max_split_bytes is None or s.expandable_segments or r.largest_segment_bytes >= s.max_split_bytes:
-        return ""
-    return (f"no segment here reaches the split limit of {format_bytes(s.max_split_bytes)} (the "
-            f"largest is {format_bytes(r.largest_segment_bytes)}), so that limit never acts")
-
-
-def _why(kind: str, s: SimSettings, *, better: bool, idle_split: bool = False) -> str:
-    """The mechanism of ``kind`` (of each option, for a combination), for a row better or
-    worse than torch's defaults; an idle split limit (``idle_split``) is said apart."""
-    if kind in ("combo", "extra"):
-        parts = []
-        paired = s.expandable_segments and s.max_split_bytes is not None and not idle_split
-        if s.expandable_segments and (better or not paired):
-            parts.append("expandable")  # worse with a split limit beside it: the pair's doing
-        if s.max_split_bytes is not None and not idle_split:
-            # beside expandable segments a split limit is what the settings warning is about
-            parts.append("max_split_expandable" if paired else "max_split")
-        if any(s.roundup_slots):
-            parts.append("roundup")
-        if s.gc_threshold:
-            parts.append("gc")
-        table = _WHY_BETTER if better else _WHY_WORSE
-        return "; ".join(table[p] for p in parts) or ("" if idle_split else table["defaults"])
-    table = _WHY_BETTER if better else _WHY_WORSE
-    return table.get(kind, table["defaults"])

@@ -23,15 +23,6 @@ if TYPE_CHECKING:
 SegmentEvent = tuple[int, int, int, int]
 
 
-def peak_text(peak: int, low: int | None = None, high: int | None = None) -> str:
-    """A peak as every view says it, followed by its range by GPU timing where one is given
-    (the tables, the Settings tab, the OOM card and the What-if bars share these words)."""
-    text = format_bytes(peak)
-    if low is not None and high is not None:
-        text += f" ({format_bytes(low)}–{format_bytes(high)} by GPU timing)"
-    return text
-
-
 @dataclass(frozen=True)
 class PredictedOom:
     """An allocation the simulated allocator could not serve.
@@ -267,13 +258,6 @@ class SimResult:
         return self.peak_reserved_range
 
     @property
-    def handler_decides(self) -> bool:
-        """An OOM the program catches, met where the recording had none: the program's own
-        handler decides what follows (a smaller batch, a skipped step), which the replay cannot
-        follow, so it stopped there. Neither a dead run nor one that fits."""
-        return self.oom is not None and not self.oom_fatal and self.stopped_early
-
-    @property
     def timing_dependent(self) -> bool:
         """The peak depends on when the GPU finishes other streams' work (a range, not a point)."""
         low, high = self.reserved_range
@@ -285,49 +269,6 @@ class SimResult:
         if not self.peak_reserved_bytes:
             return 0.0
         return 1.0 - self.peak_allocated_bytes / self.peak_reserved_bytes
-
-    def peak_reserved_text(self) -> str:
-        """The peak reserved as every view says it: with its range where GPU timing of
-        cross-stream frees can move it."""
-        if self.timing_dependent:
-            return peak_text(self.peak_reserved_bytes, *self.reserved_range)
-        return peak_text(self.peak_reserved_bytes)
-
-    def path_change_words(self) -> str:
-        """'' or, for a program that catches its OOMs, that a request that failed in the
-        recording fits here: its handler does not run, and what the program does instead (a
-        larger batch, say) is not in the recording. Every view says it beside the verdict."""
-        if self.path_changes_at is None:
-            return ""
-        return (f"the request that failed at event {self.path_changes_at:,} in the recording fits "
-                "here, so the program's OOM handler would not run and what it does next (a larger "
-                "batch, say) is not in the recording: peaks after that event are not predicted")
-
-    def oom_verdict(self) -> str:
-        """"no" only when the self-check beside this result is confident; otherwise a "no"
-        comes with its caveat, so no front end states a confident "no OOM" it cannot back.
-        An OOM the program catches is never a plain "yes" (the run does not end there)."""
-        if self.oom is not None:
-            if self.oom_fatal:
-                return "yes"
-            # stopped at an OOM the recording did not have (even after replaying a caught one
-            # it had): the handler decides, as every other view says (handler_decides)
-            if self.handler_decides or not self.oom.recorded:
-                return "yes; the program catches it and its handler decides what follows"
-            return "caught, as recorded" + self.path_change_tail()
-        confident = self.fidelity is not None and self.fidelity.confident
-        if self.outlives_recording:  # "no" would promise the part of the run nobody recorded
-            said = ("past the recorded OOM; the rest of the run was never recorded"
-                    + ("" if confident else " (unverified: see the self-check)"))
-            return said + ("; the latest GPU timing runs out" if self.timing_oom else "")
-        said = "no" if confident else "no (unverified: see the self-check)"
-        return (said + ("; the latest GPU timing runs out" if self.timing_oom else "")
-                + self.path_change_tail())
-
-    def path_change_tail(self) -> str:
-        """'' or the short form of :meth:`path_change_words`, to follow a verdict."""
-        return (f"; the request that failed at event {self.path_changes_at:,} fits here, so the "
-                "run's path changes there" if self.path_changes_at is not None else "")
 
     def with_fidelity(self, fidelity: Fidelity | None) -> SimResult:
         """Copy carrying a self-check result beside the prediction."""
@@ -371,7 +312,6 @@ class SimResult:
             },
             "seconds": round(self.seconds, 6),
             "fidelity": self.fidelity.to_json() if self.fidelity is not None else None,
-            "oom_verdict": self.oom_verdict(),
             "series": self.series.to_json(),
         }
 

@@ -226,7 +226,9 @@ class ConfigRun(NamedTuple):
     xs: Sequence[float]
     ys: Sequence[float]
     peak: float
-    oom: bool
+    #: what the setting does to the step, in a few words ('' where it fits:
+    #: ``views/text/forecast.outcome_tag``); "OOM" where it runs out
+    tag: str = ""
     low: float | None = None  # the peak's range by GPU timing (record_stream frees); None: a point
     high: float | None = None
 
@@ -237,11 +239,26 @@ class ConfigRun(NamedTuple):
 
     def peak_text(self) -> str:
         """The peak as every view says it, with its range where GPU timing moves it."""
-        from allocconf_widget.core.sim.result import peak_text
+        from allocconf_widget.views.text.forecast import peak_text
 
         if self.low is not None and self.high is not None and self.low != self.high:
             return peak_text(int(self.peak), int(self.low), int(self.high))
         return peak_text(int(self.peak))
+
+    @property
+    def runs_out(self) -> bool:
+        return self.tag == "OOM"
+
+    @property
+    def color(self) -> str:
+        """Red where the step runs out, amber where the replay cannot say, else reserved's."""
+        if not self.tag:
+            return COLORS["reserved"]
+        return COLORS["oom"] if self.runs_out else COLORS["unsure"]
+
+    def bar_text(self) -> str:
+        """The bar's words: the outcome where it is not "fits", then the peak."""
+        return (f"{self.tag}: " if self.tag else "") + self.peak_text()
 
 
 def peak_bar_chart(runs: Sequence[ConfigRun | tuple[Any, ...]], *, title: str | None = None,
@@ -253,13 +270,13 @@ def peak_bar_chart(runs: Sequence[ConfigRun | tuple[Any, ...]], *, title: str | 
     fig = go.Figure(go.Bar(
         x=[r.label for r in items],
         y=[round(r.peak / factor, 3) for r in items],
-        marker={"color": [COLORS["oom"] if r.oom else COLORS["reserved"] for r in items]},
+        marker={"color": [r.color for r in items]},
         # the range by GPU timing as a whisker, where a peak is a range
         error_y={"type": "data", "symmetric": False, "color": "#333",
                  "array": [round((r.top - r.peak) / factor, 3) for r in items],
                  "arrayminus": [round((r.peak - (r.low if r.low is not None else r.peak)) / factor, 3)
                                 for r in items]},
-        text=[("OOM " if r.oom else "") + r.peak_text() for r in items],
+        text=[r.bar_text() for r in items],
         textposition="outside",
         hovertemplate="%{x}: %{y:.2f} " + unit + "<extra></extra>",
     ))
@@ -283,7 +300,7 @@ def reserved_overlay_chart(runs: Sequence[ConfigRun | tuple[Any, ...]], *, title
         fig.add_trace(go.Scatter(x=list(run.xs), y=_round(list(run.ys), factor), mode="lines",
                                  name=run.label,
                                  hovertemplate=f"{run.label}: %{{y:.3f}} {unit}<extra></extra>"))
-        if run.oom and run.xs:
+        if run.runs_out and run.xs:
             fig.add_trace(go.Scatter(x=[run.xs[-1]], y=_round([run.ys[-1]], factor),
                                      mode="markers", showlegend=False, name=f"{run.label} OOM",
                                      marker={"symbol": "x", "size": 12, "color": COLORS["oom"]},

@@ -44,6 +44,7 @@ COLORS = {
     "cached_share": "#9467bd",
     "fragmentation": "#2ca02c",
     "oom": "#d62728",
+    "unsure": "#e6a700",  # a setting whose outcome the replay cannot decide (handler, timing, path)
     "cell": "rgba(31,119,180,0.10)",
     "note": "#8c8c8c",
     "idle": "rgba(140,140,140,0.18)",

@@ -88,9 +88,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from allocconf_widget.app.simulate import SimulationRequest, SourceOptions, simulate
+    from allocconf_widget.app.simulate import SimulationRequest, simulate
+    from allocconf_widget.app.sources import SourceOptions
     from allocconf_widget.core.versions import installed_torch_version
-    from allocconf_widget.views.text.simulate import render_simulation
+    from allocconf_widget.views.text.simulate import render_simulation, report_json
 
     path = Path(args.trace)
     if args.workers is not None and args.workers < 1:
@@ -124,9 +125,9 @@ def _run(args: argparse.Namespace) -> int:
     if report.version_note:
         _note(f"{report.version_note}; pass --torch-version to override")
     for note in report.notes:
-        _note(note)
+        _note(note.text)
     if args.json:
-        json.dump(report.to_json(), sys.stdout, indent=2)
+        json.dump(report_json(report), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(render_simulation(report))

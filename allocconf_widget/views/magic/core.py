@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 from typing import IO, TYPE_CHECKING, Any
 
-from allocconf_widget._errors import AllocConfError, AllocConfWarning, printable
-from allocconf_widget.adapters import persist
-from allocconf_widget.adapters.runtime_state import Phase
+from allocconf_widget._errors import AllocConfError, printable
 from allocconf_widget.app.draft_prediction import predict_staged
+from allocconf_widget.app.restore import Restored
+from allocconf_widget.app.session import Phase, SaveScope
 from allocconf_widget.core.config.conf import parse_conf
 from allocconf_widget.core.config.envvars import snippets, variable_to_write
 from allocconf_widget.core.config.tokens import C_WHITESPACE_TEXT
+from allocconf_widget.views.text.forecast import draft_lines
 
 if TYPE_CHECKING:
-    from allocconf_widget.app.session import Session
+    from allocconf_widget.app.restart import RestartRequest
+    from allocconf_widget.app.restore import RestoreOutcome
+    from allocconf_widget.app.session import SaveOutcome, Session
     from allocconf_widget.core.config.conf import AllocConf
     from allocconf_widget.views.magic.context import MagicContext, SubParsers
 
@@ -78,36 +80,30 @@ def run_panel(_args: argparse.Namespace, ctx: MagicContext) -> Any:
 
 
 def run_show(_args: argparse.Namespace, ctx: MagicContext) -> dict[str, Any]:
-    from allocconf_widget.adapters.effective_settings import read_back
+    from allocconf_widget.app.show import settings_report
 
-    session = ctx.session
-    state = session.state()
-    current = session.current(state)
+    report = settings_report(ctx.session)
+    state, current, check, saved = report.state, report.requested, report.readback, report.saved
     print(f"Runtime:   {state.describe()}")
     print(f"Requested: {current.to_string() or '(torch defaults)'}"
           f"   [from {state.env.source}]")
-    if session.has_staged_changes:
-        print(f"Staged:    {session.staged().to_string() or '(torch defaults)'}  "
+    if report.staged is not None:
+        print(f"Staged:    {report.staged.to_string() or '(torch defaults)'}  "
               "(not applied: %allocconf apply)")
     for name, value in state.env.set_vars.items():
         print(f"  {name}={_shown_value(value)}")
     for problem in state.env.problems:
         print(f"  problem: {problem}")
-    check = read_back(current, state=state)
-    if check is None and state.phase.name == "NO_CUDA":
+    if check is None and state.phase is Phase.NO_CUDA:
         print("Effective: none: this torch build has no CUDA, so no CUDA allocator reads them "
               "(they are checked against its rules all the same)")
     elif check is None:
         print("Effective: not readable yet: torch reads the settings when CUDA starts")
     else:
         print(f"Effective: {check.summary()}")
-    from allocconf_widget.views.text.notes import warnings_as_notes
-
-    with warnings_as_notes() as ignored:  # said as a line of this view, not Python's warning display
-        saved = persist.load(state.version)
     print(f"Saved:     {saved.conf.to_string() or '(defaults)'} as {saved.describe_source()}" if saved
           else "Saved:     nothing for this project (apply saves)")
-    for note in ignored:
+    for note in report.saved_problems:
         print(f"  problem: {printable(note, 400)}")
     return {"state": state, "requested": current, "readback": check, "saved": saved}
 
@@ -218,7 +214,7 @@ def _report_staged(session: Session, staged: AllocConf, env_before: dict[str, st
         print("Run %allocconf apply to apply it.")
     prediction = predict_staged(session)  # only once the user's step was recorded or dry-run
     if prediction is not None:
-        for line in prediction.lines():
+        for line in draft_lines(prediction):
             print(line)
 
 
@@ -231,7 +227,7 @@ def run_apply(args: argparse.Namespace, ctx: MagicContext) -> Any:
     if args.no_save and getattr(args, "global_", False):  # --global was silently ignored
         raise AllocConfError("--no-save and --global contradict each other (--global says where "
                              "to save)", fix="drop one: %allocconf apply --global saves the global default")
-    scope: persist.Scope | None = None if args.no_save else "global" if getattr(args, "global_", False) \
+    scope: SaveScope | None = None if args.no_save else "global" if getattr(args, "global_", False) \
         else "project"
     outcome = ctx.session.apply(save=scope)
     for line in outcome.lines():
@@ -261,7 +257,7 @@ def run_discard(_args: argparse.Namespace, ctx: MagicContext) -> None:
 
 
 def run_forget(args: argparse.Namespace, ctx: MagicContext) -> bool:
-    scope: persist.Scope = "global" if getattr(args, "global_", False) else "project"
+    scope: SaveScope = "global" if getattr(args, "global_", False) else "project"
     try:
         outcome = ctx.session.forget(scope)
     except OSError as exc:
@@ -282,25 +278,19 @@ def run_snippet(_args: argparse.Namespace, ctx: MagicContext) -> dict[str, str]:
     return snips
 
 
-def run_restart(_args: argparse.Namespace, ctx: MagicContext) -> Any:
-    from allocconf_widget.adapters.frontend import restart
-    from allocconf_widget.app.session import save_settings
+def run_restart(_args: argparse.Namespace, ctx: MagicContext) -> RestartRequest:
+    from allocconf_widget.app.restart import save_and_restart
 
-    session = ctx.session
-    conf = session.settings_for_restart()
-    saved = save_settings(conf)
-    if not saved.saved:
-        raise AllocConfError(f"not restarting: the settings could not be saved, so the new "
-                             f"kernel would lose them ({saved.error})",
-                             fix="set XDG_CONFIG_HOME to a writable folder, then restart again")
-    if session.view().has_changes:
-        print("Staged edits that were never applied are not carried over "
-              "(%allocconf apply first to keep them).")
-    print(f"Saved {conf.to_string() or '(torch defaults)'} to {saved.path}; "
-          "run %load_ext allocconf_widget first in the new kernel to re-apply it.")
-    outcome = restart(notify=lambda line: print(line, flush=True))
-    print(outcome.message, flush=True)
-    return outcome
+    def before(conf: AllocConf, saved: SaveOutcome, dropped_edits: bool) -> None:
+        if dropped_edits:
+            print("Staged edits that were never applied are not carried over "
+                  "(%allocconf apply first to keep them).")
+        print(f"Saved {conf.to_string() or '(torch defaults)'} to {saved.path}; "
+              "run %load_ext allocconf_widget first in the new kernel to re-apply it.")
+
+    request = save_and_restart(ctx.session, notify=lambda line: print(line, flush=True), before=before)
+    print(request.restart.message, flush=True)
+    return request
 
 
 # ---------------------------------------------------------------- extension load
@@ -308,9 +298,9 @@ def say_settings_kept(print_to: IO[str] = sys.stdout) -> None:
     """The extension loaded again in a kernel where it re-applied the saved settings already:
     what the user set since stays, and one line says so. Never raises."""
     try:
-        from allocconf_widget.adapters.runtime_state import detect_state
+        from allocconf_widget.app.session import get_session
 
-        exported = _env_text(dict(detect_state().env.set_vars))
+        exported = _env_text(dict(get_session().state().env.set_vars))
     except Exception:  # a broken environment must not stop the extension loading
         exported = ""
     now = f"{exported} stays in effect" if exported else "torch's defaults stay in effect"
@@ -318,17 +308,52 @@ def say_settings_kept(print_to: IO[str] = sys.stdout) -> None:
           "only when a new kernel loads it; %allocconf show for details).", file=print_to)
 
 
-def restore_saved_settings(print_to: IO[str] = sys.stdout, session: Any = None) -> Any:
+def restore_saved_settings(print_to: IO[str] = sys.stdout, session: Session | None = None,
+                           ) -> RestoreOutcome | None:
     """Re-apply saved settings in a fresh kernel, before torch touches CUDA; one line of output.
 
     Never raises: a broken file or environment must not stop the extension (or kernel) loading.
     """
+    from allocconf_widget.app.restore import restore_saved
+    from allocconf_widget.app.session import get_session
+
     try:
-        return _restore(print_to, session)
+        outcome = restore_saved(session if session is not None else get_session())
     except Exception as exc:
         print(f"allocconf_widget: saved settings not re-applied ({type(exc).__name__}: "
               f"{printable(str(exc), 300)})", file=print_to)
         return None
+    print(f"allocconf_widget: {restore_line(outcome)}", file=print_to)
+    return outcome
+
+
+def restore_line(outcome: RestoreOutcome) -> str:
+    """The one line ``%load_ext`` prints: what was applied, from which file, replacing what."""
+    exported = _env_text(outcome.exported)
+    conf_text = (outcome.conf.to_string() or "(defaults)") if outcome.conf is not None else ""
+    if outcome.kind is Restored.NOTHING_SAVED:
+        why = f"{'; '.join(outcome.problems)}; " if outcome.problems else ""
+        now = f"{exported} from the environment applies" if outcome.exported else "torch's defaults apply"
+        if outcome.env_problem is not None:  # "applies" alone read as fine; torch refuses it later
+            now += f", but {outcome.env_problem}"
+        return f"{why}no saved settings ({outcome.looked_in}); {now}."
+    if outcome.kind is Restored.KEPT_EXPORTED:
+        return (f"kept {exported} exported before the kernel started; the global default "
+                f"{conf_text!r} in {outcome.source} was not applied (%allocconf apply saves settings "
+                "for this project, which take precedence).")
+    if outcome.kind is Restored.FAILED:
+        return f"could not re-apply {outcome.source}: {outcome.error}"
+    if outcome.replaced:
+        replaced = f"replacing {_env_text(outcome.replaced)} exported before the kernel started"
+    elif outcome.exported:
+        replaced = f"the same as {exported} already set"
+    else:
+        replaced = "no variable was set before"
+    late = ("" if outcome.phase is Phase.NOT_IMPORTED
+            else f"; torch was already imported ({outcome.phase.value})")
+    variable = outcome.applied.result.variable if outcome.applied is not None else "the environment"
+    return (f"re-applied {conf_text!r} via {variable} from {outcome.source}; {replaced}{late}. "
+            "%allocconf forget to stop.")
 
 
 #: the most of a variable's value a line quotes: a 110 KB variable made a 110 KB "one line"
@@ -346,68 +371,3 @@ def _shown_value(value: str) -> str:
     return f"{value[:_SHOWN_VALUE_CHARS]!r}… ({len(value) - _SHOWN_VALUE_CHARS:,} more characters)"
 
 
-def _restore(print_to: IO[str], session: Any) -> Any:
-    """Apply this project's saved settings (else the global default) and say, in one line,
-    what was applied, from which file, and what it replaced."""
-    from allocconf_widget.adapters.apply import apply
-    from allocconf_widget.adapters.runtime_state import detect_state
-
-    def say(text: str) -> None:
-        print(f"allocconf_widget: {text}", file=print_to)
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", AllocConfWarning)
-        saved = persist.load()
-    problems = [printable(str(w.message), 400) for w in caught]
-    state = detect_state()
-    before = dict(state.env.set_vars)
-    exported = _env_text(before)
-    if saved is None:  # still one line: what is in effect, and why
-        why = f"{'; '.join(problems)}; " if problems else ""
-        now = (f"{exported} from the environment applies" if before
-               else "torch's defaults apply")
-        invalid = [p for p in state.env.problems if p.code == "invalid"]
-        unread = [p for p in state.env.problems if p.misread]
-        if invalid:  # "applies" alone read as fine; torch refuses it at CUDA's start
-            now += f", but it is not valid: {printable(invalid[0].message, 300)}"
-        elif unread:  # two variables "applied" while torch reads one of them
-            now += f", but {printable(unread[0].message, 300)}"
-        say(f"{why}no saved settings ({_looked_in()}); {now}.")
-        return None
-    exported_valid = bool(before) and not state.env.problems
-    if saved.scope == "global" and exported_valid:
-        conf_text = saved.conf.to_string() or "(defaults)"
-        say(f"kept {exported} exported before the kernel started; the global default "
-            f"{conf_text!r} in {saved.path} was not applied (%allocconf apply saves settings for "
-            "this project, which take precedence).")
-        return None
-    try:
-        result = apply(saved.conf, state=state)
-        if session is not None:
-            session.adopt(saved.conf, result)
-    except (AllocConfError, RuntimeError) as exc:
-        say(f"could not re-apply {saved.describe_source()}: {exc}")
-        return None
-    import os
-
-    changed = {name: value for name, value in before.items() if os.environ.get(name) != value}
-    if changed:
-        replaced = f"replacing {_env_text(changed)} exported before the kernel started"
-    elif before:
-        replaced = f"the same as {exported} already set"
-    else:
-        replaced = "no variable was set before"
-    late = "" if state.phase is Phase.NOT_IMPORTED else f"; torch was already imported ({state.phase.value})"
-    say(f"re-applied {saved.conf.to_string() or '(defaults)'!r} via {result.variable} from "
-        f"{saved.describe_source()}; {replaced}{late}. %allocconf forget to stop.")
-    return result
-
-
-def _looked_in() -> str:
-    try:
-        return (f"project {persist.project_dir()}: looked in {persist.project_settings_path()} "
-                f"and the global {persist.global_settings_path()}")
-    except persist.NoProjectDirError:
-        return "the working directory no longer exists, so no project is known"
-    except persist.NoConfigDirError:
-        return f"project {persist.project_dir()}: no settings folder is known"

@@ -44,9 +44,9 @@ def register(subparsers: SubParsers) -> None:
 
 
 def _namespace_copy(shell: Any) -> dict[str, Any]:
-    from allocconf_widget.adapters.dryrun import isolated_namespace
+    from allocconf_widget.app.dryrun import cell_namespace
 
-    return isolated_namespace(shell.user_ns)
+    return cell_namespace(shell.user_ns)
 
 
 def _compiled(shell: Any, cell: str) -> Any:
@@ -110,19 +110,22 @@ def _after_the_cell(args: argparse.Namespace, ctx: MagicContext, result: Any) ->
     ctx.session.set_dry_run(result, DryRunCell(ctx.cell, args.gpu))
     print(result.summary())
     # the settings this kernel applies, as the Settings tab's "Applied now" line replays them
-    applied = ctx.session.view().applied.to_string()
+    applied = ctx.session.view().applied
     try:
         best = result.predict(applied)
     except AllocConfError as exc:
         print(f"note: this kernel's settings cannot be replayed on the dry run ({exc}); "
               "torch's defaults instead")
         best = result.predict("")
-    print(f"Predicted with the settings this kernel applies: {best.describe()}.")
+    from allocconf_widget.views.text.forecast import prediction_text
+
+    print(f"Predicted with the settings this kernel applies: {prediction_text(best)}")
     if saved is not None:
         from allocconf_widget.app.dryrun import sidecar_path
 
         print(f"Saved the dry-run snapshot to {saved}, and the GPU and torch it predicts for to "
               f"{sidecar_path(saved)} (allocconf simulate {saved}).")
+    _say_step(ctx)
     print("Next: %allocconf simulate (ranks settings on this estimate), or %allocconf plan VAR SIZES.")
     return result
 
@@ -166,7 +169,7 @@ def run_plan(args: argparse.Namespace, ctx: MagicContext) -> Any:
         return ns
 
     def step(ns: dict[str, Any]) -> None:
-        from allocconf_widget.adapters.dryrun import DryRunError
+        from allocconf_widget._errors import DryRunError
 
         code = _compiled(ctx.shell, cell)
         try:
@@ -208,3 +211,13 @@ def report_estimate(ctx: MagicContext) -> Any:
         return None
     print(render_estimate_check(check), end="")
     return check
+
+
+def _say_step(ctx: MagicContext) -> None:
+    """Where the session holds a recording too: which of the two every prediction now uses."""
+    step = ctx.session.step()
+    if step.other is not None:
+        from allocconf_widget.app.sources import source_label
+        from allocconf_widget.views.text.step import step_words
+
+        print(step_words(step, source_label(ctx.session)))

@@ -13,9 +13,15 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from allocconf_widget._errors import RuntimeStateError
+from allocconf_widget.app import flight
 
 if TYPE_CHECKING:
+    from allocconf_widget.app.candidates import CandidatePlan
+    from allocconf_widget.app.flight import FlightStatus, OomCapture
+    from allocconf_widget.app.oom import SettingsInForce
+    from allocconf_widget.app.session import ApplyOutcome
     from allocconf_widget.views.magic.context import MagicContext, SubParsers
+    from allocconf_widget.views.widgets.flight import FlightOomView
 
 ACTIONS = ("on", "off", "status", "show", "apply", "export", "demo")
 
@@ -44,8 +50,6 @@ def register(subparsers: SubParsers) -> None:
 
 
 def run_flight(args: argparse.Namespace, ctx: MagicContext) -> Any:
-    from allocconf_widget.app import flight
-
     if (args.yes or args.demo) and args.action != "apply":
         raise RuntimeStateError(f"--yes and --demo go with `flight apply`, not `flight {args.action}`")
     if args.action != "on" and (args.stacks or args.max_entries is not None):
@@ -65,15 +69,13 @@ def run_flight(args: argparse.Namespace, ctx: MagicContext) -> Any:
         print(state.line + " (the ring buffer is dropped).")
         return state
     if args.action == "status":
-        return _status(flight)
+        return _status()
     if args.action == "demo":
         return _demo(ctx)
     if args.action == "apply" and args.demo:  # the demo's winner: a recording of another run
         demo = flight.load_demo_oom()
-        return _apply(flight, demo.capture, ctx, confirmed=args.yes, label="Recording")
-    from allocconf_widget.adapters.flight_history import flight_history
-
-    capture = flight_history().last_capture()
+        return _apply(demo.capture, ctx, confirmed=args.yes, label="Recording")
+    capture = flight.last_capture()
     if capture is None:
         raise RuntimeStateError("no OOM has been captured in this kernel yet (turn the recorder "
                                 "on with %allocconf flight on; %allocconf flight demo shows a "
@@ -84,19 +86,21 @@ def run_flight(args: argparse.Namespace, ctx: MagicContext) -> Any:
             print(line)
         return files
     if args.action == "apply":
-        return _apply(flight, capture, ctx, confirmed=args.yes)
+        return _apply(capture, ctx, confirmed=args.yes)
     return _show(capture, ctx)
 
 
-def _apply(flight: Any, capture: Any, ctx: MagicContext, *, confirmed: bool, label: str = "") -> Any:
+def _apply(capture: OomCapture, ctx: MagicContext, *, confirmed: bool,
+           label: str = "") -> ApplyOutcome | CandidatePlan | None:
     """Apply the verdict's winner through the one candidate use case; ask (--yes) first when
     it would unset an option or comes from a recording of another run."""
     from allocconf_widget.app.candidates import apply_candidate
+    from allocconf_widget.views.text.flight import headline
 
     analysis = flight.analyse(capture, kernel=ctx.session.view().effective, label=label)
     plan = flight.plan_winner(ctx.session, analysis)
     if plan is None:
-        raise RuntimeStateError(analysis.verdict.headline if analysis.verdict is not None
+        raise RuntimeStateError(headline(analysis.verdict) if analysis.verdict is not None
                                 else analysis.verdict_error or "no verdict")
     print(f"{plan.describe()}.")
     if not plan.changes:
@@ -112,7 +116,7 @@ def _apply(flight: Any, capture: Any, ctx: MagicContext, *, confirmed: bool, lab
     return outcome
 
 
-def _status(flight: Any) -> Any:
+def _status() -> FlightStatus:
     state = flight.status()
     print(state.line + ".")
     if state.on:
@@ -125,21 +129,19 @@ def _status(flight: Any) -> Any:
     return state
 
 
-def _show(capture: Any, ctx: MagicContext, *, label: str = "", settings: Any = None) -> Any:
-    from allocconf_widget.adapters.flight_history import flight_history
+def _show(capture: OomCapture, ctx: MagicContext, *, label: str = "",
+          settings: SettingsInForce | None = None) -> FlightOomView | None:
     from allocconf_widget.app.oom import report_for_capture, settings_in_force
     from allocconf_widget.views.widgets.flight import show_flight_oom
 
     report = report_for_capture(capture, settings or settings_in_force(ctx.session))
     view = show_flight_oom(capture, session=ctx.session, report=report, label=label)
     if not label:  # a recording shown as a demo never becomes this kernel's last OOM
-        flight_history().set_capture(capture)
+        flight.keep_capture(capture)
     return view
 
 
-def _demo(ctx: MagicContext) -> Any:
-    from allocconf_widget.app.flight import load_demo_oom
-
-    demo = load_demo_oom()
+def _demo(ctx: MagicContext) -> FlightOomView | None:
+    demo = flight.load_demo_oom()
     print(f"Recording (not this kernel): {demo.description}")
     return _show(demo.capture, ctx, label="Recording", settings=demo.settings)

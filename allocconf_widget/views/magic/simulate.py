@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from allocconf_widget._errors import RuntimeStateError, SnapshotError
 
 if TYPE_CHECKING:
+    from allocconf_widget.app.recording import CellRecording
     from allocconf_widget.views.magic.context import MagicContext, SubParsers
 
 
@@ -48,11 +49,19 @@ def register(subparsers: SubParsers) -> None:
     p.add_argument("--torch-version", metavar="X.Y", help="the torch release that recorded the trace")
     p.add_argument("--device", type=int, metavar="N", help="CUDA device whose trace to use")
     p.set_defaults(handler=run_simulate)
+    p = subparsers.add_parser(
+        "step", help="which step predictions use: latest (default), recording or dryrun",
+        description="Every prediction (the Settings tab, %allocconf set, simulate, the What-if "
+        "tab) uses one step: the newer of your last %%allocconf record and your last "
+        "%%allocconf dryrun, unless you choose one here.")
+    p.add_argument("which", nargs="?", choices=("latest", "recording", "dryrun"),
+                   help="the step to use (without it: say which one is used now)")
+    p.set_defaults(handler=run_step)
 
 
 def _entries(text: str) -> int:
     """``--max-entries`` checked at parse time: a bad value refuses the cell before it runs."""
-    from allocconf_widget.adapters.recorder import check_max_entries
+    from allocconf_widget.app.recording import check_max_entries
 
     try:
         return check_max_entries(int(text))
@@ -61,8 +70,8 @@ def _entries(text: str) -> int:
                                          else f"{text!r} is not a whole number") from None
 
 
-def run_record(args: argparse.Namespace, ctx: MagicContext) -> Any:
-    from allocconf_widget.adapters.recorder import record
+def run_record(args: argparse.Namespace, ctx: MagicContext) -> CellRecording | None:
+    from allocconf_widget.app.recording import record_cell
 
     if ctx.cell is None:
         raise RuntimeStateError("record is a cell magic: start the cell with %%allocconf record")
@@ -70,28 +79,15 @@ def run_record(args: argparse.Namespace, ctx: MagicContext) -> Any:
         from allocconf_widget.views.magic.dryrun import check_save_target
 
         check_save_target(args.save)  # said before the training cell runs, not after it
-    recorder = record(max_entries=args.max_entries)
-    try:
-        rec = recorder.__enter__()
-    except RuntimeStateError as exc:
-        # No GPU to record on: the user's cell still runs (their work is never skipped),
-        # and they are told what the what-if uses instead.
-        print(f"note: not recording: {exc}. Running the cell without recording.")
-        ctx.shell.run_cell(ctx.cell)
+    cell = ctx.cell
+    done = record_cell(ctx.session, lambda: ctx.shell.run_cell(cell), max_entries=args.max_entries,
+                       save=args.save)
+    rec, result = done.recording, done.result
+    if rec is None:  # no GPU to record on: the cell ran, and the user is told what the what-if uses
+        print(f"note: not recording: {done.not_recorded}. Running the cell without recording.")
         return None
-    try:
-        result = ctx.shell.run_cell(ctx.cell)
-    except BaseException as exc:
-        recorder.__exit__(type(exc), exc, exc.__traceback__)
-        raise
-    recorder.__exit__(None, None, None)
-    ctx.session.set_recording(rec)
-    if args.save is not None and rec.snapshot is not None:
-        from allocconf_widget.app.exports import viewer_torch
-        from allocconf_widget.core.memory.snapshot import save_snapshot
-
-        save_snapshot(rec.snapshot, args.save, for_torch=viewer_torch())
-        print(f"Saved the snapshot to {args.save} (open it at pytorch.org/memory_viz).")
+    if done.saved_to is not None:
+        print(f"Saved the snapshot to {done.saved_to} (open it at pytorch.org/memory_viz).")
     failed = getattr(result, "error_in_exec", None)
     status = f"the cell raised {type(failed).__name__}" if failed else "the cell finished"
     print(f"Recorded {rec.events:,} allocator events in {rec.seconds:.1f} s ({status}). "
@@ -101,12 +97,27 @@ def run_record(args: argparse.Namespace, ctx: MagicContext) -> Any:
     from allocconf_widget.views.magic.dryrun import report_estimate
 
     report_estimate(ctx)  # a dry run before it: how far its estimate was
+    if ctx.session.step().other is not None:
+        from allocconf_widget.app.sources import source_label
+        from allocconf_widget.views.text.step import step_words
+
+        print(step_words(ctx.session.step(), source_label(ctx.session)))
     return rec
+
+
+def run_step(args: argparse.Namespace, ctx: MagicContext) -> Any:
+    from allocconf_widget.app.sources import source_label
+    from allocconf_widget.views.text.step import step_words
+
+    step = ctx.session.choose_step(args.which) if args.which else ctx.session.step()
+    print(step_words(step, source_label(ctx.session)))
+    return step
 
 
 def run_simulate(args: argparse.Namespace, ctx: MagicContext) -> Any:
     from allocconf_widget.adapters.frontend import detect_frontend
-    from allocconf_widget.app.simulate import SimulationRequest, SourceOptions, simulate, trace_source
+    from allocconf_widget.app.simulate import SimulationRequest, simulate
+    from allocconf_widget.app.sources import SourceOptions, trace_source
     from allocconf_widget.views.text.notes import warnings_as_notes
     from allocconf_widget.views.text.simulate import render_simulation
 
@@ -127,7 +138,8 @@ def run_simulate(args: argparse.Namespace, ctx: MagicContext) -> Any:
             if progress is not None:
                 progress.say("replaying")
             report = simulate(source, SimulationRequest(confs=tuple(args.conf), rank=True, fraction=fraction,
-                                                        kernel=view.effective, draft=view.draft,
+                                                        kernel=view.effective,
+                                                        draft=view.staged if view.has_changes else None,
                                                         progress=progress))
         finished = True
     except SnapshotError as exc:
@@ -141,6 +153,11 @@ def run_simulate(args: argparse.Namespace, ctx: MagicContext) -> Any:
         from allocconf_widget.views.text.simulate import SimulationDisplay
 
         progress.replace_with(SimulationDisplay(report))
+    if not args.trace and not args.demo:  # the session's step: say which one, and how to use the other
+        from allocconf_widget.app.sources import source_label
+        from allocconf_widget.views.text.step import step_words
+
+        print(step_words(ctx.session.step(), source_label(ctx.session)))
     for note in (*report.all_notes(), *ours):
         print(f"note: {note}")
     return report

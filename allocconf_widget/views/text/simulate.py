@@ -11,32 +11,20 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
+from typing import Any
 
 from allocconf_widget.app.simulate import SimulationReport, SimulationRow
 from allocconf_widget.core.units import format_bytes
+from allocconf_widget.views.text.forecast import outcome_cell, result_peak
+from allocconf_widget.views.text.reasons import row_reason
 from allocconf_widget.views.text.table import aligned_table
 
 _HEADER = ("settings", "peak reserved", "peak allocated", "1 − alloc/res", "cudaMalloc/map",
            "retries", "OOM")
 
 
-def _oom_cell(row: SimulationRow) -> str:
-    result = row.result
-    oom = result.oom
-    if oom is None:
-        return result.oom_verdict()  # "no" only beside a confident self-check, as --json says
-    if not result.oom_fatal:  # a program that catches its OOMs: never a dead run
-        if not result.handler_decides:
-            return f"caught at event {oom.event_index:,}, as recorded" + result.path_change_tail()
-        return (f"at event {oom.event_index:,} ({format_bytes(oom.segment_bytes)}): the program "
-                "catches it; its handler decides what follows")
-    return (f"at event {oom.event_index:,} ({format_bytes(oom.segment_bytes)}"
-            + (", as recorded)" if oom.recorded else ")"))
-
-
-def _peak_cell(row: SimulationRow) -> str:
-    """The peak, and its range where GPU timing of cross-stream frees can move it."""
-    return row.result.peak_reserved_text()
+def _oom_cell(report: SimulationReport, row: SimulationRow) -> str:
+    return outcome_cell(row.result, estimate=report.estimate)
 
 
 def _header_lines(report: SimulationReport) -> list[str]:
@@ -61,14 +49,15 @@ def _cells(report: SimulationReport) -> list[list[str]]:
     rows = [list(_HEADER)]
     for row in report.rows:
         r = row.result
-        rows.append([row.label, _peak_cell(row), format_bytes(r.peak_allocated_bytes),
+        rows.append([row.label, result_peak(r), format_bytes(r.peak_allocated_bytes),
                      f"{r.fragmentation_at_peak:.1%}", f"{r.num_device_alloc:,}",
-                     f"{r.num_alloc_retries:,}", _oom_cell(row)])
+                     f"{r.num_alloc_retries:,}", _oom_cell(report, row)])
     return rows
 
 
 def _reasons(report: SimulationReport) -> list[str]:
-    return [f"{row.rank}. {row.label}: {row.reason}" for row in report.rows] if report.ranked else []
+    return ([f"{row.rank}. {row.label}: {row_reason(report, row)}" for row in report.rows]
+            if report.ranked else [])
 
 
 def progress_line(what: str) -> str:
@@ -120,7 +109,8 @@ def render_simulation_html(report: SimulationReport) -> str:
              "table-layout:auto;max-width:100%'>",
              row(head, "th"), *(row(cells, "td") for cells in body), "</table>"]
     if report.ranked:
-        items = "".join(f"<li>{html.escape(f'{row.label}: {row.reason}')}</li>" for row in report.rows)
+        items = "".join(f"<li>{html.escape(f'{row.label}: {row_reason(report, row)}')}</li>"
+                        for row in report.rows)
         parts.append(f"<div>why:</div><ol style='margin:2px 0'>{items}</ol>")
     parts.append("</div>")
     return "".join(parts)
@@ -137,3 +127,45 @@ class SimulationDisplay:
 
     def __repr__(self) -> str:
         return render_simulation(self.report).rstrip("\n")
+
+
+def headline(report: SimulationReport) -> list[str]:
+    """The lines the What if? tab heads its rows with."""
+    lines = [f"What if? Replaying {report.source_label} ({report.num_events:,} events) under "
+             f"{len(report.rows)} settings."]
+    if report.fidelity is not None:
+        lines.append(f"Model check on the recorded settings: {report.fidelity.summary()}")
+    return lines
+
+
+def report_json(report: SimulationReport) -> list[dict[str, Any]]:
+    """``allocconf simulate --json``: one object per row, in order (ranked with a ranking).
+
+    Each carries the replay's facts, its ``outcome`` (the one verdict every view words) with
+    ``fits`` (true, false, or null where the replay cannot say), the table's ``oom_verdict``
+    words, the limit it ran under and, for a ranking, its rank and reason. Strings from the
+    file are kept exact here (JSON escapes them).
+    """
+    docs = []
+    for row in report.rows:
+        doc = row.result.to_json()
+        doc.pop("series", None)
+        doc["conf"] = row.conf
+        doc["recorded_settings"] = row.is_current
+        doc["outcome"] = row.outcome.value
+        doc["fits"] = row.outcome.fits
+        doc["oom_verdict"] = outcome_cell(row.result, estimate=report.estimate)
+        doc["row_limit_bytes"] = row.limit.bytes if row.limit is not None else None
+        if row.rank is not None:
+            doc["rank"] = row.rank
+            doc["reason"] = row_reason(report, row)
+            doc["is_current"] = row.is_current
+            if row.is_draft:
+                doc["is_staged_draft"] = True
+        if report.ranked:
+            doc["fidelity"] = report.fidelity.to_json() if report.fidelity is not None else None
+        doc["limit_bytes"] = report.limit_bytes  # the cap every row replayed under, or null
+        doc["limit_read_off_ooms_bytes"] = None if report.limit_range is None else list(report.limit_range)
+        doc["recorded_cpu_ran_ahead"] = report.host_ran_ahead
+        docs.append(doc)
+    return docs

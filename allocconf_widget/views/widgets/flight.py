@@ -26,11 +26,11 @@ import threading
 from html import escape
 from typing import Any
 
-from allocconf_widget.adapters.flight_history import OomCapture, flight_history
 from allocconf_widget.app.candidates import CandidatePlan, apply_candidate
 from allocconf_widget.app.flight import (
     CDN_NOTE,
     FlightAnalysis,
+    OomCapture,
     ViewerFiles,
     analyse,
     export_for_viewer,
@@ -40,11 +40,11 @@ from allocconf_widget.app.flight import (
     with_verdict_of,
 )
 from allocconf_widget.app.oom import OomReport
-from allocconf_widget.app.session import ApplyOutcome
+from allocconf_widget.app.session import ApplyOutcome, Session
 from allocconf_widget.core.units import format_bytes
 from allocconf_widget.views.charts.segment_map import build_segment_map
 from allocconf_widget.views.charts.segment_map_svg import segment_map_svg
-from allocconf_widget.views.text.flight import analysis_lines
+from allocconf_widget.views.text.flight import analysis_lines, headline, option_line, sureness_text
 from allocconf_widget.views.text.oom import report_text
 from allocconf_widget.views.widgets.oom_card import report_html
 
@@ -80,12 +80,12 @@ def verdict_html(analysis: FlightAnalysis) -> str:
         return ("<div style='color:#666'><i>Verdict: replaying the recorded window under the "
                 "candidate settings…</i></div>")
     color = _GOOD if verdict.avoided else _BAD
-    parts = [f"<div style='font-weight:600;color:{color}'>Verdict: {escape(verdict.headline)}</div>"]
+    parts = [f"<div style='font-weight:600;color:{color}'>Verdict: {escape(headline(verdict))}</div>"]
     if verdict.also:
-        items = "".join(f"<li>{escape(verdict.option_line(o))}</li>" for o in verdict.also[:5])
+        items = "".join(f"<li>{escape(option_line(verdict, o))}</li>" for o in verdict.also[:5])
         parts.append(f"<div style='font-size:12px'>Also avoids it, by peak:</div>"
-                     f"<ol start='2' style='margin:2px 0;font-size:12px'>{items}</ol>")
-    parts.append(f"<div style='font-size:12px'>How sure: {escape(verdict.sureness)}</div>")
+                     f"<ol style='margin:2px 0;font-size:12px'>{items}</ol>")
+    parts.append(f"<div style='font-size:12px'>How sure: {escape(sureness_text(verdict))}</div>")
     notes = "".join(f"<li>{escape(n)}</li>" for n in verdict.notes)
     parts.append(f"<ul style='font-size:11px;color:{_MUTED};margin:2px 0'>{notes}</ul>")
     return f"<div class='allocconf-flight-verdict-body'>{''.join(parts)}</div>"
@@ -274,16 +274,7 @@ class FlightOomView:
         return out
 
 
-def flight_capture_for_cell(since: float | None) -> OomCapture | None:
-    """The capture taken during the cell that just failed; one now when the observer missed it."""
-    history = flight_history()
-    capture = history.take_capture(since=since)
-    if capture is None:
-        capture = history.capture_after_cell()
-    return capture
-
-
-def show_flight_oom(capture: OomCapture, *, session: Any, report: OomReport,
+def show_flight_oom(capture: OomCapture, *, session: Session, report: OomReport,
                     label: str = "") -> FlightOomView | None:
     """Display the OOM view under the cell (text in terminal IPython); returns the widget view.
 

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from allocconf_widget.adapters.frontend import Frontend, detect_frontend
-from allocconf_widget.adapters.replay import ReplaySampler
 from allocconf_widget.app.monitor import MonitorRun, gpu_expected
 from allocconf_widget.core.memory.recording import Recording
 from allocconf_widget.views.charts.monitor_render import (
@@ -204,12 +203,12 @@ class MonitorView:
 
     def play(self) -> None:
         """Replay the recording on this thread (no background thread; for Colab). Demo only."""
-        if not isinstance(self.source, ReplaySampler):
+        if not self.run.is_replay:
             raise RuntimeError("play() replays a recording; this monitor shows live data")
         with self._lock:
             if self._remove_listener is None:
                 self._remove_listener = self.source.add_listener(self._on_samples)
-        self.source.play()
+        self.run.play()
         self.refresh(force=True)
 
     # ------------------------------------------------------------- rendering
@@ -368,7 +367,7 @@ class MonitorView:
     # ------------------------------------------------------------- IPython cell hooks
     def _register_events(self) -> None:
         shell = self.shell
-        if shell is None or self._events or isinstance(self.source, ReplaySampler):
+        if shell is None or self._events or self.run.is_replay:
             return
         for name, callback in (("pre_run_cell", self._pre_run_cell),
                                ("post_run_cell", self._post_run_cell)):

@@ -13,7 +13,6 @@ with stack history on it can take seconds).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 import time
 from html import escape
@@ -118,15 +117,13 @@ class OomAssistant:
 
     def _show_flight(self, report: OomReport) -> bool:
         """With the flight recorder's capture of this cell, show the full OOM view instead."""
-        from allocconf_widget.adapters.flight_history import flight_history
+        from allocconf_widget.app.flight import capture_for_cell
         from allocconf_widget.app.session import get_session
-        from allocconf_widget.views.widgets.flight import flight_capture_for_cell, show_flight_oom
+        from allocconf_widget.views.widgets.flight import show_flight_oom
 
-        capture = flight_capture_for_cell(self._cell_started)
+        capture = capture_for_cell(self._cell_started, report.message)
         if capture is None:
             return False
-        capture = dataclasses.replace(capture, message=report.message)
-        flight_history().set_capture(capture)
         show_flight_oom(capture, session=get_session(self.shell), report=report)
         return True
 

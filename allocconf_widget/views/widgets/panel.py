@@ -25,6 +25,7 @@ from allocconf_widget._errors import AllocConfError
 from allocconf_widget.app.draft_prediction import NOTHING_YET, DraftPrediction, predict_staged
 from allocconf_widget.app.panel_draft import PanelModel
 from allocconf_widget.app.session import Session
+from allocconf_widget.views.text.forecast import draft_lines
 from allocconf_widget.views.widgets.controls import OptionRow
 from allocconf_widget.views.widgets.flight_toggle import FlightToggle
 
@@ -167,15 +168,14 @@ class Panel:
         self._say_result(f"<b>{html.escape(outcome.headline())}</b><br>" + "<br>".join(lines))
 
     def _restart_clicked(self, _button: Any) -> None:
-        from allocconf_widget.adapters.frontend import restart
-        from allocconf_widget.app.session import save_settings
+        from allocconf_widget.app.restart import save_and_restart
 
-        saved = save_settings(self.model.session.settings_for_restart())
-        if not saved.saved:  # a restart now would lose the settings: say so, restart nothing
-            self._say_result(f"<span style='color:#b00020'>✖ {html.escape(saved.message())}</span>")
+        try:
+            request = save_and_restart(self.model.session)
+        except AllocConfError as exc:  # a restart now would lose the settings: nothing restarts
+            self._say_result(f"<span style='color:#b00020'>✖ {html.escape(str(exc))}</span>")
             return
-        outcome = restart()
-        self._say_result(html.escape(outcome.message))
+        self._say_result(html.escape(request.restart.message))
 
     def _say_result(self, text: str) -> None:
         """Show an apply's (or restart's) outcome under the controls, for the draft as it is."""
@@ -282,7 +282,7 @@ def prediction_html(prediction: DraftPrediction | None) -> str:
     if prediction is None:
         # a word, not "ⓘ": fonts without the glyph showed an empty box
         return f"<span style='color:#666'><b>Prediction:</b> {html.escape(NOTHING_YET)}</span>"
-    first, *rest = prediction.lines()
+    first, *rest = draft_lines(prediction)
     colour = {True: "#1b5e20", False: "#b00020", None: "#8a6d00"}[prediction.fits]
     parts = [f"<b style='color:{colour}'>{html.escape(first)}</b>"]
     parts += [html.escape(line) for line in rest]
@@ -300,7 +300,7 @@ def _print_text_panel(session: Session) -> None:
             else f"{status.variable} unset (torch's defaults)")
     print(f"{line} (after Apply)" if status.has_changes and not status.error else line)
     prediction = predict_staged(session)
-    for line in prediction.lines() if prediction is not None else [NOTHING_YET]:
+    for line in draft_lines(prediction) if prediction is not None else [NOTHING_YET]:
         print(line)
     width = max(len(s.name) for s in model.specs)
     for spec in model.specs:

@@ -38,19 +38,17 @@ from typing import Any
 from allocconf_widget.app.candidates import CandidatePlan, apply_candidate, plan_candidate, plan_for_session
 from allocconf_widget.app.dryrun import EstimateCheck
 from allocconf_widget.app.session import ApplyOutcome, Session
-from allocconf_widget.app.simulate import (
-    SimulationReport,
-    SimulationRequest,
-    SimulationRow,
-    simulate,
-    source_label,
-)
+from allocconf_widget.app.simulate import SimulationReport, SimulationRequest, SimulationRow, simulate
+from allocconf_widget.app.sources import source_label
 from allocconf_widget.core.units import format_bytes
-from allocconf_widget.views.charts.style import COLORS
 from allocconf_widget.views.text.dryrun import estimate_beside, estimate_verdict
+from allocconf_widget.views.text.forecast import outcome_tag
+from allocconf_widget.views.text.reasons import row_reason
+from allocconf_widget.views.text.simulate import headline
+from allocconf_widget.views.text.step import step_words
 
-#: label, x, reserved, peak, OOM, and the peak's (low, high) by GPU timing
-Run = tuple[str, list[float], list[float], float, bool, float, float]
+#: label, x, reserved, peak, the outcome's tag ('' where it fits), the peak's (low, high) by GPU timing
+Run = tuple[str, list[float], list[float], float, str, float, float]
 
 
 def _runs(report: SimulationReport, limit: int = 6) -> list[Run]:
@@ -67,8 +65,7 @@ def _runs(report: SimulationReport, limit: int = 6) -> list[Run]:
         low, high = row.result.reserved_range
         runs.append((label, [float(i) for i in series.event_index],
                      [float(v) for v in series.reserved_bytes], float(row.result.peak_reserved_bytes),
-                     row.result.oom is not None and row.result.oom_fatal,  # a caught OOM is no death
-                     float(low), float(high)))
+                     outcome_tag(row.outcome), float(low), float(high)))
     return runs
 
 
@@ -88,7 +85,7 @@ def bars_svg(runs: list[Run], width: int = 640) -> str:
 
     items = [ConfigRun(*r) for r in runs]
     top = max([r.top for r in items] + [1.0])
-    texts = [("OOM " if r.oom else "") + r.peak_text() for r in items]
+    texts = [r.bar_text() for r in items]
     label_h, bar_h, gap = 14, 14, 6
     value_w = int(max([len(t) for t in texts] + [12]) * _CHAR_PX) + 8
     row = label_h + bar_h + gap
@@ -100,7 +97,7 @@ def bars_svg(runs: list[Run], width: int = 640) -> str:
     for i, (run, text) in enumerate(zip(items, texts, strict=True)):
         y = 4 + i * row
         bar = max(1.0, scale * run.peak)
-        color = COLORS["oom"] if run.oom else COLORS["reserved"]
+        color = run.color
         parts.append(f"<text x='4' y='{y + 11}'>{html.escape(run.label)}</text>")
         parts.append(f"<rect x='4' y='{y + label_h}' width='{bar:.1f}' height='{bar_h}' "
                      f"fill='{color}'/>")
@@ -233,7 +230,8 @@ class WhatIfView:
 
     # -- header lines -------------------------------------------------------------
     def _describe_source(self) -> None:
-        self.source.value = f"<i>trace: {html.escape(source_label(self.session))}</i>"
+        said = step_words(self.session.step(), source_label(self.session))
+        self.source.value = f"<i>{html.escape(said)}</i>"
 
     def _effective(self) -> str:
         return str(self.session.view().effective.to_string())
@@ -243,7 +241,7 @@ class WhatIfView:
         return self._effective(), self.session.recording_key()
 
     def _show_current(self) -> None:
-        from allocconf_widget.adapters.runtime_state import Phase
+        from allocconf_widget.app.session import Phase
 
         view = self.session.view()
         now = view.effective.to_string()
@@ -274,7 +272,8 @@ class WhatIfView:
                 source, trace = self.session.trace_cache.get(self.session)
                 view = self.session.view()
                 kernel = view.effective
-                report = simulate(source, SimulationRequest(rank=True, kernel=kernel, draft=view.draft,
+                draft = view.staged if view.has_changes else None
+                report = simulate(source, SimulationRequest(rank=True, kernel=kernel, draft=draft,
                                                             progress=self._progress), trace)
                 beside = _estimate_beside(self.session, report)
                 self.estimate, self.estimate_failure = beside.check, beside.failure
@@ -303,7 +302,7 @@ class WhatIfView:
         elif self.estimate_failure is not None:
             notes.append("Your dry run could not be set beside this recording ("
                          + html.escape(self.estimate_failure) + "); the ranking above stands.")
-        self.summary.value = "<br>".join([html.escape(h) for h in report.headline()] + notes)
+        self.summary.value = "<br>".join([html.escape(h) for h in headline(report)] + notes)
         runs = _runs(report)
         charts = self._charts(runs)
         if len(report.rows) > len(runs):  # the header says "under 11 settings"; the charts hold 6
@@ -314,7 +313,7 @@ class WhatIfView:
             caption.add_class("allocconf-whatif-chart-caption")
             charts = [caption, *charts]
         self.charts.children = charts
-        self._rows = [self._row(row) for row in report.rows]
+        self._rows = [self._row(report, row) for row in report.rows]
         self._mark_rows()  # before they are shown: no row ever appears with the wrong Apply state
         now = self._outcome_key()
         for conf, (_, after) in list(self._outcomes.items()):
@@ -325,7 +324,7 @@ class WhatIfView:
                 self._say(row, self._outcomes[row.conf][0])
         self.rows.children = [row.box for row in self._rows]
 
-    def _row(self, sim_row: SimulationRow) -> _Row:
+    def _row(self, report: SimulationReport, sim_row: SimulationRow) -> _Row:
         import ipywidgets as W
 
         apply = W.Button(description="Apply", layout=W.Layout(width="80px"))
@@ -336,7 +335,8 @@ class WhatIfView:
         estimate = (f' <span class="allocconf-whatif-estimate">· {html.escape(beside)}</span>'
                     if beside else "")
         label = W.HTML(f"<code>{html.escape(sim_row.shown_conf)}</code>{tag} — "
-                       f"{html.escape(sim_row.reason or '')}{estimate}", layout=W.Layout(width="85%"))
+                       f"{html.escape(row_reason(report, sim_row) or '')}{estimate}",
+                       layout=W.Layout(width="85%"))
         box = W.VBox([W.HBox([apply, label])])
         box.add_class("allocconf-whatif-row")
         row = _Row(sim_row.conf, sim_row.is_current, apply, box)
