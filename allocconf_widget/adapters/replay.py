@@ -14,7 +14,7 @@ Two things make a replay read like a live run:
   (:meth:`Recording.fragmentation`), so the chart's fragmentation line has data
   even though the recording kept counters only.
 * **Idle stretches** (no counter changed for more than ``skip_idle`` seconds, e.g.
-  the 6 s of model set-up before the bundled run's first step) are cut to
+  the model set-up before the bundled run's first step) are cut to
   :data:`IDLE_KEEP` seconds, in playback and on the x axis, and marked on the
   chart with how long they were. ``skip_idle=None`` keeps real time.
 
@@ -46,7 +46,7 @@ IDLE_KEEP = 0.5
 class IdleCut:
     """Samples ``first..last`` (indices) changed nothing for ``seconds``; all but IDLE_KEEP cut.
 
-    The chart labels the kept stretch ``idle 6.3 s skipped`` (no memory counter moved).
+    The chart labels the kept stretch ``idle <seconds> skipped`` (no memory counter moved).
     """
 
     first: int

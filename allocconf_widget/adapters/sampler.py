@@ -6,16 +6,16 @@ fields are ``None`` when a figure is unavailable, and a :class:`Sampler` that
 calls it from a daemon thread (or from torch's optimizer step hook) and keeps
 the results in a bounded :class:`~allocconf_widget.core.memory.timeline.Timeline`.
 
-Costs and rules (docs/internals/allocator_facts.md §5, §8):
+Rules (docs/internals/allocator_facts.md §5, §8; the costs are in docs/monitor.md, "Costs"):
 
-* ``torch.cuda.memory_stats(device)`` (0.2-0.3 ms) on every tick, but only once
+* ``torch.cuda.memory_stats(device)`` (cheap) on every tick, but only once
   ``torch.cuda.is_initialized()``: before that the sample says "waiting for
   CUDA". Nothing here imports torch, initialises CUDA or freezes the settings.
-* ``torch.cuda.memory_snapshot(include_traces=False)`` (6-12 ms at 2k segments,
-  and it holds the allocator lock) only within a duty-cycle budget: after a
+* ``torch.cuda.memory_snapshot(include_traces=False)`` (costlier, growing with the
+  segments, and it holds the allocator lock) only within a duty-cycle budget: after a
   snapshot (plus its fragmentation maths) took *c* seconds, the next waits
-  ``max(min_interval, c / budget)``, so at the default 1 % budget it can never
-  cost more than 1 % of wall time, however large the snapshot grows.
+  ``max(min_interval, c / budget)``, so it can never cost more than the ``budget``
+  share of wall time, however large the snapshot grows.
   ``torch.cuda.memory._snapshot()`` with history is never called here.
 * NVML (process or device "used", for the non-PyTorch share) at most every
   ``nvml_interval`` seconds; it is a driver call and the value moves slowly.

@@ -3,7 +3,7 @@
 ``%allocconf monitor``, the panel's Monitor tab and ``start_monitor()`` all start a
 :class:`MonitorRun` through :meth:`Monitors.start` (the Session holds one
 :class:`Monitors`): live samples of this process's allocator, or a replay of the bundled
-H200 recording when no GPU can ever be seen here (always labelled as a recording). Starting
+GPU recording when no GPU can ever be seen here (always labelled as a recording). Starting
 another stops the previous run and tells whoever drew it (:meth:`MonitorRun.on_close`), so
 an old chart's widgets and callbacks are released instead of accumulating.
 

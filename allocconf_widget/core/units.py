@@ -17,7 +17,7 @@ _UNITS = ((TIB, "TiB"), (GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB"))
 
 
 def format_bytes(size: int | float) -> str:
-    """Binary units with two decimals (``1.51 GiB``); plain bytes below 1 KiB.
+    """Binary units with two decimals; plain bytes below 1 KiB.
 
     >>> format_bytes(1536 * 1024 * 1024)
     '1.50 GiB'
@@ -37,8 +37,8 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*$", re.IGNORECASE)
 
 
 def parse_size(text: str) -> int:
-    """A size a user typed: ``141GiB`` → 141·2³⁰, ``80GB`` → 80·10⁹ (a decimal unit is read as
-    written), ``1234`` → bytes.
+    """A size a user typed: a binary unit (``GiB``) in powers of two, a decimal one (``GB``) in
+    powers of ten, as written; a bare number in bytes.
 
     Raises:
         ValueError: not a size, or beyond 2^64 bytes; the message says what to write.

@@ -151,7 +151,7 @@ class AllocConf:
                 first = (exc if exc.option not in changes or exc.position is None
                          else AllocConfError(exc.reason, option=exc.option, fix=exc.fix))
         # each value that passed on its own, parsed alone beside the options that stay: a
-        # range or a flag is checked only there (three bad values took three retries)
+        # range or a flag is checked only there, so every bad value is reported at once
         kept = {k: v for k, v in self.entries if k not in passed}
         for canonical, value in passed.items():
             try:

@@ -1,6 +1,6 @@
 """Which environment variable torch reads, in which order, and what is wrong with the current ones.
 
-Facts (docs/internals/allocator_facts.md §1, and measured on an H200 with torch 2.11):
+Facts (docs/internals/allocator_facts.md §1, checked on a CUDA build of torch 2.11):
 
 * up to 2.7 only ``PYTORCH_CUDA_ALLOC_CONF`` is read; 2.8–2.9 ROCm builds fall
   back to ``PYTORCH_HIP_ALLOC_CONF``; 2.9's CUDA allocator ignores
@@ -9,7 +9,7 @@ Facts (docs/internals/allocator_facts.md §1, and measured on an H200 with torch
   (also on CUDA builds), ALLOC; the CUDA keys and ``backend`` from CUDA, HIP
   (ROCm only), ALLOC. Values are never merged across variables;
 * a variable set to the empty string counts as set and shadows the others
-  (measured: ``PYTORCH_CUDA_ALLOC_CONF=""`` hid ``PYTORCH_ALLOC_CONF``).
+  (``PYTORCH_CUDA_ALLOC_CONF=""`` hides ``PYTORCH_ALLOC_CONF``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from allocconf_widget.core.versions import TorchVersion
 Release = tuple[int, int]
 
 SIZE_MAX = (1 << 64) - 1
-#: Largest *_mb value that still fits in size_t once multiplied by 1 MiB.
+#: Largest *_mb value that still fits in size_t once multiplied by ``MIB``.
 MAX_MIB = SIZE_MAX // MIB
 #: ``std::stoi`` range: the 2.0–2.9 parser converts most integers with it.
 INT_MAX = (1 << 31) - 1
@@ -515,5 +515,5 @@ def options_for(version: TorchVersion) -> Iterator[OptionSpec]:
 
 
 def canonical_index(name: str) -> int:
-    """Position of an option in the canonical order (used to order AllocConf entries)."""
+    """Position of an option in the canonical order, the order of AllocConf entries."""
     return list(_BY_NAME).index(canonical_name(name))

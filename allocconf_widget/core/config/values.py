@@ -24,7 +24,7 @@ _FLOAT = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 _RESERVE_SIZE = re.compile(r"([0-9]+)[gG]")
 _CLASS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ROUNDUP_SLOTS = 16
-#: Largest band start (MiB) with a slot of its own: 32 GiB. Larger starts are folded into it.
+#: Largest band start (MiB, 2**15) with a slot of its own. Larger starts are folded into it.
 ROUNDUP_MAX_BAND = 1 << 15
 
 

@@ -1,7 +1,7 @@
 """What every front end says about a dry-run trace: its label and what it cannot see.
 
 Kept in the core (standard library, no logic) so the replay's file reader
-(``app/simulate.file_source``) and the dry run itself (``app/dryrun``) say the same thing
+(``app/sources.file_source``) and the dry run itself (``app/dryrun``) say the same thing
 without importing each other. docs/dryrun.md has the measurements behind the wording.
 """
 

@@ -2,7 +2,7 @@
 
 Every figure is defined in docs/metrics.md. Figures are kept per device and per
 pool, because a free block in one pool cannot serve a request routed to
-another: the small pool (requests <= 1 MiB), the large pool, and each private
+another: the small pool (requests up to torch's ``kSmallSize``), the large pool, and each private
 pool (CUDA graphs, ``torch.cuda.MemPool``) have their own caches.
 
 Performance matters: the notebook panel recomputes these from a live

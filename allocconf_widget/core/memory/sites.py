@@ -3,8 +3,8 @@
 With Python stacks recorded, every live block carries the frames of the call that
 allocated it, and the site is the first frame outside torch (the user's line).
 Without stacks a block has no frames; grouping by size class, stream and pool
-still tells "forty 256 MiB activations on the default stream" from "one 30 GiB
-parameter blob". Standard library only.
+still tells forty equal activations on the default stream from one large parameter
+blob. Standard library only.
 """
 
 from __future__ import annotations

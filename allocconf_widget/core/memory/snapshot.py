@@ -51,7 +51,7 @@ LARGE_SNAPSHOT_BYTES = 1 << 30
 """Above this, pytorch.org/memory_viz tends to crash the browser (pytorch/pytorch PR #176290)."""
 
 _GZIP_MAGIC = b"\x1f\x8b"
-_SMALL_SEGMENT_MAX = 2 << 20  # kSmallBuffer: every classic small-pool segment is exactly 2 MiB
+_SMALL_SEGMENT_MAX = 2 << 20  # kSmallBuffer: the size of every classic small-pool segment
 _VIEWER_PICKLE_PROTOCOL = 4  # MemoryViz.js's unpickler accepts protocols 2-4 only
 _DUMP_HINT = "write one with torch.cuda.memory._dump_snapshot(path)"
 
@@ -270,12 +270,12 @@ def _check_block(block: object, where: str) -> None:
         raise _shape_error(where, "has no integer 'size'")
     if not isinstance(block.get("state"), str):
         raise _shape_error(where, "has no 'state' string")
-    if block["state"] not in BLOCK_STATES:  # another state was counted as active
+    if block["state"] not in BLOCK_STATES:  # any other state would be counted as active
         raise _shape_error(where, f"has the state {short_repr(block['state'])}; torch writes "
                            f"one of {', '.join(BLOCK_STATES)}")
 
 
-#: the block states torch writes (1.13 to 2.11 alike); anything else was read as active
+#: the block states torch writes (1.13 to 2.11 alike)
 BLOCK_STATES = ("active_allocated", "active_pending_free", "inactive")
 #: the pools a segment belongs to
 SEGMENT_TYPES = ("large", "small")
@@ -315,7 +315,7 @@ def _check_segment(segment: object, index: int) -> None:
         return  # a negative size: the field checks name that field (snapshot_fields)
     held = sum(block["size"] for block in blocks)
     # torch adds the segment's total_size up from its blocks, which follow one another from its
-    # address: more was impossible figures, less 5 GiB reserved that no block accounted for
+    # address: any other sum gives impossible figures or reserved memory no block accounts for
     if blocks and held != segment["total_size"]:
         raise _shape_error(where, f"has blocks adding up to {format_bytes(held)}, not its "
                            f"total_size of {format_bytes(segment['total_size'])} (torch adds the "
@@ -332,8 +332,8 @@ def _check_segment(segment: object, index: int) -> None:
 
 
 def _check_segments_apart(segments: list[Any]) -> None:
-    """No two segments of one device share memory: a segment listed twice counted its memory
-    twice (11.84 GiB reserved for 10.69)."""
+    """No two segments of one device share memory: a segment listed twice would count its
+    memory twice."""
     spans: dict[int, list[tuple[int, int, int]]] = {}
     for index, segment in enumerate(segments):
         address = segment.get("address")
@@ -411,10 +411,11 @@ def load_snapshot_deriving(source: str | os.PathLike[str] | bytes | IO[bytes],
     ``read_derived`` (a restricted unpickler), is kept only for a file that passed them.
     The child sends the snapshot's other keys too, each trace cut to its first entry, so this
     process unpickles nothing more (:class:`DerivedLoad`): one unpickle fewer on the CPUs while
-    the children work, and a million-entry file no longer holds a third of a GiB of trace
-    dicts here for as long as the caller keeps the snapshot.
-    ``derived`` is None where that could not be done (a file over 64 MiB, no fork, the decode
-    failed): the caller derives it itself and meets any error there, worded as always.
+    the children work, and no copy of the trace's dicts held here for as long as the caller
+    keeps the snapshot.
+    ``derived`` is None where that could not be done (a file over
+    ``unpickle_guard.OVERLAP_MAX_BYTES``, no fork, the decode failed): the caller derives it
+    itself and meets any error there, worded as always.
     """
     return _load(source, derive, read_derived)
 
@@ -434,7 +435,7 @@ def _load(source: str | os.PathLike[str] | bytes | IO[bytes], derive: Callable[[
         if not data:
             raise SnapshotError(f"the gzip-compressed {what} contains nothing (0 bytes)")
     container = _other_container(data)
-    if container is not None:  # before the unpickler reads "BZh9" as a 0.8 GB bytes object
+    if container is not None:  # before the unpickler reads "BZh9" as a huge bytes object
         raise SnapshotError(f"the {what} is {container}, not a pickle: decompress it first "
                             "(a gzip-compressed .pickle.gz is read as it is)")
 
@@ -566,8 +567,8 @@ def requested_size_of(block: SnapshotBlock) -> int:
 def segment_type_of(segment: Segment) -> str:
     """``"large"`` or ``"small"``; inferred from the size for 2.0 snapshots that lack the key.
 
-    Classic small-pool segments are exactly 2 MiB and large-pool ones at least
-    10 MiB, so the size tells them apart when the key is missing.
+    Classic small-pool segments are exactly ``kSmallBuffer`` and large-pool ones at least
+    ``kMinLargeAlloc``, so the size tells them apart when the key is missing.
     """
     kind = segment.get("segment_type")
     if isinstance(kind, str):

@@ -69,8 +69,8 @@ _SEGMENT = {"address": ADDRESS, "total_size": SIZE, "allocated_size": SIZE, "act
             "segment_type": TEXT, "blocks": LIST, "frames": LIST}
 def _stamp(value: object) -> str | None:
     """A trace entry's ``time_us``: a number within a signed 64-bit count of microseconds, as
-    the decoder keeps it (torch writes an int of about 2^50; 2^63 once overflowed the decoder's
-    column and reached the user as "please report this")."""
+    the decoder keeps it (torch writes an int of about 2^50; 2^63 would overflow the decoder's
+    column)."""
     problem = _number(value)
     if problem is None and isinstance(value, int | float) and not -_I64 < value < _I64:
         return f"is {short_repr(value)}, outside ±2^63 microseconds"
@@ -163,7 +163,7 @@ def _segments(segments: list[Any], where: str) -> None:
 
 def _requested_within(block: dict[str, Any], where: str) -> None:
     """An active block holds at least what was asked of it (``requested_size <= size``); more
-    read as negative fragmentation (-185.36 GiB, -8288.6 %). An inactive block keeps the
+    would read as negative fragmentation. An inactive block keeps the
     request of its last use, and torch's split leaves it on the smaller remainder: genuine
     snapshots have inactive blocks with more requested than their size."""
     requested, size, state = block.get("requested_size"), block.get("size"), block.get("state")
@@ -214,9 +214,9 @@ def _entries(trace: list[Any], device: int) -> None:
 
 
 def _required(entry: dict[str, Any], where: str) -> None:
-    """The keys torch writes in every trace entry: an entry without ``size`` replayed as a
-    0-byte allocation, one without ``addr`` at address 0, one without ``action`` as an action
-    ``None`` (peaks from 192 MiB to 6.13 GiB for a 4.18 GiB run, and no error)."""
+    """The keys torch writes in every trace entry: without them an entry would replay as a
+    0-byte allocation, at address 0, or as an action ``None``, and give wrong peaks with no
+    error."""
     missing = [key for key in ("action", "size") if key not in entry]
     if "addr" not in entry and entry.get("action") != "oom":  # an OOM entry has device_free instead
         missing.append("addr")

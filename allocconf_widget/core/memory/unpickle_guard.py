@@ -3,10 +3,10 @@
 Python's C unpickler has failure modes that no check *after* it can catch, because they strike
 while it runs:
 
-* a tuple nested 200,000 deep used as a dict key (about 200 KB of pickle) crashes the
+* a deeply nested tuple used as a dict key (a few hundred KB of pickle) crashes the
   interpreter: hashing it overflows the C stack, and the notebook's kernel dies with it;
-* a 9-byte pickle that stores into memo slot 2**28 makes the unpickler allocate 4 GiB for its
-  memo table, and a long run of DUP opcodes grows its stack by 8 bytes per input byte.
+* a 9-byte pickle that stores into memo slot 2**28 makes the unpickler allocate gigabytes for
+  its memo table, and a long run of DUP opcodes grows its stack by 8 bytes per input byte.
 
 So on Linux :func:`load_checked` forks. The child lowers its address-space and CPU limits,
 unpickles, and says so through a pipe; it then runs the checks (nesting, expanded size, field
@@ -14,15 +14,16 @@ types) and sends their verdict. The parent unpickles the same bytes only after t
 unpickle came through: identical input gives the identical object, so the parent's unpickle
 can neither crash nor take more than the child's did. It runs while the child checks, and the
 parent takes the child's verdict instead of checking again, so the guard costs about one
-fork (about 15 ms) on an honest file.
+fork on an honest file (docs/limits.md, "Cost on honest files").
 
 The memory budget is :data:`BUDGET_BASE` plus :data:`BUDGET_PER_BYTE` times the pickle's
-size: torch's snapshots took 6 to 9 times their size once unpickled (docs/limits.md). The
-unpickle's CPU budget is tight (the parent repeats what the child was allowed: a 68-byte
-pickle whose dict key hashes for seconds made both spend 9 s); the checks after it get more.
+size: torch's snapshots take several times their size once unpickled (docs/limits.md has the
+ratio). The unpickle's CPU budget is tight, because the parent repeats what the child was
+allowed (a tiny pickle whose dict key hashes for seconds costs both the same); the checks
+after it get more.
 Files over :data:`OVERLAP_MAX_BYTES` are unpickled by the parent only after the child's
-checks, so an honest file never has two copies at once. Where processes cannot fork (not Linux, or the fork
-fails), the parent unpickles and checks in process, as before.
+checks, so an honest file never has two copies at once. Where processes cannot fork (not
+Linux, or the fork fails), the parent unpickles and checks in process.
 
 A caller that decodes the data next (the what-if) passes ``derive``: a second child, under the
 same limits, unpickles and derives while the first checks, and the parent keeps its result only
@@ -49,11 +50,11 @@ from allocconf_widget.core.units import MIB, format_bytes
 
 BUDGET_BASE = 256 * MIB
 BUDGET_PER_BYTE = 16
-#: CPU for the unpickle itself: honest pickles unpickle at about 0.01 s per MiB, and the
+#: CPU for the unpickle itself, well above what honest pickles take (docs/limits.md); the
 #: parent repeats whatever the child was allowed, so this bound is the parent's too
 UNPICKLE_CPU_BASE_S = 1.0
 UNPICKLE_CPU_PER_MIB_S = 0.05
-#: CPU for the checks after it (Python-level walks: up to 0.12 s per MiB with frames)
+#: CPU for the checks after it (Python-level walks, slower per MiB than the unpickle)
 CHECK_CPU_BASE_S = 10.0
 CHECK_CPU_PER_MIB_S = 0.5
 #: up to this size the parent unpickles while the child checks (two copies at once for a
@@ -61,7 +62,7 @@ CHECK_CPU_PER_MIB_S = 0.5
 OVERLAP_MAX_BYTES = 64 * MIB
 _UNPICKLED, _CHECKED, _FAILED, _DERIVED = b"U", b"C", b"E", b"D"
 #: the most the deriving child may send back: this plus this many times the pickle's size (a
-#: million-entry trace decodes to 0.8 times its pickle)
+#: decoded trace is smaller than its pickle)
 DERIVED_MAX_BASE = 64 * MIB
 DERIVED_MAX_PER_BYTE = 4
 #: the deriving child counts as stuck after this long without output or CPU (a child that
@@ -105,12 +106,11 @@ def load_checked(data: bytes, what: str, unpickle: Callable[[bytes], object],
     """``unpickle(data)``, refused unless ``check`` accepts the result; guarded by a child.
 
     ``derive`` (a decode the caller needs next) runs in a second forked child, on its own
-    unpickle of the same bytes, while the first one checks and this process unpickles: on two
-    cores a million-entry trace's load and decode took 1.88 s one after the other and 1.53 s
-    this way. Its result comes back pickled and is read by ``read_derived`` (a restricted
-    unpickler), and only once the checks have passed: on the data they accepted, a ``derive``
-    that ran early computed exactly what it would compute now. Refused data never reaches it
-    here; the child that met it is killed with the first.
+    unpickle of the same bytes, while the first one checks and this process unpickles, so the
+    decode overlaps the checks instead of following them. Its result comes back pickled and is
+    read by ``read_derived`` (a restricted unpickler), and only once the checks have passed: on
+    the data they accepted, a ``derive`` that ran early computed exactly what it would compute
+    now. Refused data never reaches it here; the child that met it is killed with the first.
 
     ``derived_suffices``: the caller needs only ``derive``'s result (it carries whatever of the
     object the caller reads), so where that result comes back this process does not unpickle
@@ -159,8 +159,8 @@ def load_checked(data: bytes, what: str, unpickle: Callable[[bytes], object],
 
 def _end_all(children: list[_Child]) -> None:
     """End each child (the one that may block forever first): each step runs whatever
-    interrupts the one before it. A second Ctrl-C during the first child's collection left
-    the decoding child blocked on its pipe, for good, holding its copy of the file."""
+    interrupts the one before it, so a second Ctrl-C during the first child's collection
+    cannot leave the decoding child blocked on its pipe, holding its copy of the file."""
     if not children:
         return
     try:
@@ -255,7 +255,7 @@ class _Deriving:
 
     def read_while_checking(self, checker: _Child) -> None:
         """Read the child's output until the ``checker`` speaks or this child is done; what
-        arrived meanwhile needs no waiting afterwards (26 MiB for a million-entry trace)."""
+        arrived meanwhile needs no waiting afterwards."""
         poller = select.poll()
         poller.register(checker.pipe, select.POLLIN | select.POLLHUP | select.POLLERR)
         poller.register(self.child.pipe, select.POLLIN | select.POLLHUP | select.POLLERR)
@@ -406,7 +406,7 @@ def _limit_resources(size: int) -> int:  # pragma: no cover - runs in the child
 
     caller_cpu = resource.getrlimit(resource.RLIMIT_CPU)[0]
     _lower(resource.RLIMIT_CORE, 0)
-    _lower(resource.RLIMIT_CPU, unpickle_cpu(size))  # a forked child starts at 0 s of CPU
+    _lower(resource.RLIMIT_CPU, unpickle_cpu(size))  # a forked child starts with no CPU time used
     current = _address_space()
     if current is not None:
         _lower(resource.RLIMIT_AS, current + memory_budget(size))

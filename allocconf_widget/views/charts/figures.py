@@ -52,7 +52,7 @@ _TRACE_STYLE: dict[str, dict[str, Any]] = {
                  "fillcolor": "rgba(31,119,180,0.08)"},
     "allocated": {"line": {"color": COLORS["allocated"], "width": 2}},
     # active usually equals allocated: a wide translucent band around allocated's line, so
-    # both stay visible (a thin dotted line was hidden under allocated)
+    # both stay visible (a thin line would hide under allocated)
     "active": {"line": {"color": COLORS["active"], "width": 7}, "opacity": 0.3},
     "non_pytorch": {"line": {"color": COLORS["non_pytorch"], "width": 1, "dash": "dash"}},
     "cached_share": {"line": {"color": COLORS["cached_share"], "width": 1, "dash": "dash"},
@@ -131,8 +131,8 @@ def timeline_layout(payload: RenderPayload, unit: tuple[int, str], title: str | 
         "title": {"text": title or "", "font": {"size": 13}},
         "xaxis": {"title": {"text": payload.x_label}},
         "yaxis": {"title": {"text": unit[1]}, "rangemode": "tozero"},
-        # a little room above 100 %, and the 25 % gridlines drawn: a share near 100 % sat on
-        # the plot's top edge, above the left axis' highest gridline, and read as over 100 %
+        # a little room above the full share, and quarter gridlines drawn, so a share near the
+        # top does not sit on the plot's edge above the left axis' highest gridline
         "yaxis2": {"title": {"text": "%"}, "overlaying": "y", "side": "right", "range": [0, 105],
                    "tickmode": "linear", "tick0": 0, "dtick": 25, "showgrid": True,
                    "gridcolor": "rgba(148,103,189,0.25)", "griddash": "dot"},

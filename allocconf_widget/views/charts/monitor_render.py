@@ -126,8 +126,8 @@ def status_html(
         text = _part(label, name, latest)
         if text:
             # torch's own high-water mark where the sample carries it: the samples' maximum
-            # misses what rose and fell between two samples (3.71 GiB sampled at 20 Hz of a
-            # 5.23 GiB peak allocated, which the What if? tab and the report said)
+            # misses what rose and fell between two samples, so it would disagree with the
+            # peak the What if? tab and the report give
             counter = getattr(sample, f"{name}_peak", None) if name in ("reserved", "allocated") else None
             if isinstance(counter, int) and counter > 0:
                 text += f" (peak {format_bytes(counter)}, torch's counter)"

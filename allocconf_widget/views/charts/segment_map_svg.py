@@ -22,7 +22,7 @@ def _strip_tags(text: str) -> str:
 
 
 def _share_label(row: str, allocated: int, size: int) -> str:
-    """``#0 large 1.15 GiB · 48% allocated`` (the default pool's name left out)."""
+    """``#<n> <pool> <size> · <share> allocated``, the default pool's name left out."""
     name = row.replace(" smaller segments", " smaller, summed") if row.startswith("+") else row
     share = f"{allocated / size:.0%} allocated" if size else "empty"
     return f"{name.replace('default/', '')} · {share}"

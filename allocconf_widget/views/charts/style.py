@@ -13,7 +13,7 @@ from allocconf_widget.core.units import GIB, KIB, MIB, TIB, format_bytes
 BYTE_SERIES: tuple[str, ...] = ("reserved", "allocated", "active", "non_pytorch")
 """Byte series drawn on the left axis, back to front."""
 RATIO_SERIES: tuple[str, ...] = ("cached_share", "fragmentation")
-"""Ratio series drawn on the right axis (0-100 %)."""
+"""Ratio series drawn on the right axis (a share, in percent)."""
 
 LABELS = {
     "reserved": "reserved",
@@ -98,7 +98,7 @@ def format_tick(value: float) -> str:
 
 
 def format_x(value: float, x_label: str) -> str:
-    """Seconds as ``42 s`` / ``12:05`` / ``1:02:03``; steps as plain numbers."""
+    """Seconds as ``<s> s`` below two minutes, then ``m:ss`` / ``h:mm:ss``; steps as plain numbers."""
     if "step" in x_label:
         return f"{int(value):,}"
     if value < 120:

@@ -115,8 +115,8 @@ def _series_paths(frame: _Frame, payload: RenderPayload, names: Iterable[str], y
 
 
 def _markers(frame: _Frame, markers: Sequence[Marker]) -> list[str]:
-    """Cell spans, idle gaps and OOMs. Their labels sit at the bottom of the plot: at the top
-    "idle 6.3 s skipped" was drawn over the "peak reserved …" label (issue 24, item 3)."""
+    """Cell spans, idle gaps and OOMs. Their labels sit at the bottom of the plot, clear of the
+    "peak reserved …" label at the top."""
     out = []
     top, bottom = frame.top, frame.height - frame.bottom
     for m in markers:

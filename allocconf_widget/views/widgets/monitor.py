@@ -2,7 +2,7 @@
 
 A :class:`MonitorView` shows one source, a live
 :class:`~allocconf_widget.adapters.sampler.Sampler` or a
-:class:`~allocconf_widget.adapters.replay.ReplaySampler` of the bundled H200
+:class:`~allocconf_widget.adapters.replay.ReplaySampler` of the bundled GPU
 recording (when there is no GPU, or ``demo=True``; always labelled
 "Recording: …"). Its chart is an inline-SVG ``HTML`` widget or a plotly
 ``FigureWidget`` (see :mod:`allocconf_widget.views.charts.monitor_render`).
@@ -11,8 +11,8 @@ Threading: redraws come from the sampler thread (thread mode), the training
 thread (step-synchronous mode) or widget callbacks, which ipykernel 7 may run
 on a subshell thread while a cell is busy (docs/internals/notebook_facts.md §5). All view state is
 behind one lock; a redraw already in progress is never waited for (the next
-sample redraws). Redraws are throttled to ``min_update_interval`` (0.5 s: at
-most 2 Hz) and send a decimated payload (≤ 400 points per series), so the bytes
+sample redraws). Redraws are throttled to ``min_update_interval`` (at most
+2 Hz by default) and send a decimated payload (≤ 400 points per series), so the bytes
 per update stay bounded however long the run is.
 """
 
@@ -247,9 +247,9 @@ class MonitorView:
             return False
         finally:
             # The interval counts from the end of a draw, not its start: on a loaded machine
-            # a draw can take a good part of the interval, and the next one, due on time, then
-            # reached the browser 0.19 s after it (CI). Counted from here, what the browser
-            # gets stays at or below 2 Hz however long a draw takes.
+            # a draw can take a good part of the interval, and the next one, due on time, would
+            # reach the browser right after it. Counted from here, what the browser gets stays
+            # at or below 2 Hz however long a draw takes.
             with self._lock:
                 self._last_render = max(self._last_render, time.monotonic())
             self._render_lock.release()
@@ -423,13 +423,13 @@ def start_monitor(
         interval: seconds between samples (thread mode); ≥ 0.01.
         device: the GPU shown first (all GPUs are sampled); None = the first.
         renderer: ``"auto"``, ``"figurewidget"`` (plotly) or ``"svg"`` (works everywhere).
-        demo: replay the bundled H200 recording instead of live data; None = only
+        demo: replay the bundled GPU recording instead of live data; None = only
             when no GPU can ever be seen here (CPU-only machine).
         step_sync: sample once per optimizer step from the training loop's own
             thread (x axis: step); the mode for Colab, where updates sent from a
             background thread may not be drawn.
         skip_idle: in a replay, cut stretches where no memory counter moved for more than
-            a second (the recording's 6 s of set-up) to half a second, marked on the chart.
+            a second (the recording's set-up) to half a second, marked on the chart.
 
     The Session's monitor (:mod:`allocconf_widget.app.monitor`) that is already running is
     stopped first and its view lets go of it (one at a time).
