@@ -65,7 +65,7 @@ class DryRunTrace:
         return sum(1 for e in self.entries if e["action"] == "alloc")
 
 
-#: a dry run's trace ends there (about 0.5 GiB of entries): one step makes far fewer calls
+#: a dry run's trace ends there (a bounded host memory): one step makes far fewer calls
 MAX_ENTRIES = 1_000_000
 #: entries past this one carry no call stack (each held ~1.4 KiB with one)
 FRAMES_UNTIL = 200_000
@@ -226,7 +226,7 @@ class _Rules:
     * a cuBLAS workspace per thread at its first matmul, held to the end (the forward runs on
       the caller's thread, the backward on autograd's device thread: two workspaces);
     * cuDNN's workspaces, each taken once the output it works for exists and freed before the
-      next allocation, sized by the rule measured on the H200 (``core.dryrun.profiles.conv_workspaces``).
+      next allocation, sized by the measured rule (``core.dryrun.profiles.conv_workspaces``).
     """
 
     def __init__(self, torch: ModuleType, log: _Log, gpu: GpuProfile) -> None:

@@ -8,8 +8,8 @@ than raising. None of them imports torch: they act only on an already-imported
 torch (``sys.modules``), because importing it ourselves would fix ``backend``
 and could be the very thing the user did not want yet.
 
-What each call does to the runtime was measured on an H200 with torch 2.11
-(``benchmarks/gpu/probe_runtime.py``): ``get_allocator_backend`` and
+What each call does to the runtime was measured on a GPU
+(``benchmarks/gpu/probe_runtime.py``; docs/lifecycle.md): ``get_allocator_backend`` and
 ``_accelerator_isAllocatorInitialized`` leave the configuration open;
 ``memory_snapshot`` freezes it without any flag showing it; the setter works
 before CUDA initialisation and does not initialise CUDA.
@@ -184,7 +184,7 @@ def current_device(torch: ModuleType) -> int:
 
 
 def memory_stats(torch: ModuleType, device: int) -> dict[str, Any] | None:
-    """Flat ``memory_stats(device)`` once CUDA is initialised (0.2-0.3 ms); None before.
+    """Flat ``memory_stats(device)`` once CUDA is initialised (cheap); None before.
 
     Before initialisation torch returns ``{}`` anyway; checking first keeps us
     from ever being the caller that touches a device.
@@ -201,8 +201,8 @@ def trace_free_snapshot(torch: ModuleType) -> list[dict[str, Any]]:
     """Every device's segments without the trace ring buffer (``include_traces=False``, 2.11+).
 
     Only called once CUDA is initialised (it would freeze the configuration
-    otherwise). Costs 6-12 ms at 2k segments / 20k blocks and holds the
-    allocator lock, so callers budget it. Raises ``RuntimeError`` under
+    otherwise). Costs milliseconds on a large allocator and holds the
+    allocator lock, so callers budget it (docs/monitor.md). Raises ``RuntimeError`` under
     ``backend:cudaMallocAsync`` (no segments there).
     """
     if not cuda_initialized(torch):
@@ -462,8 +462,8 @@ def fake_cuda_mode() -> Any:
     ``num_batches_tracked``, the scalars transformers builds) keeps a real value, and moving it
     to "cuda" ran the real copy on the GPU from C++. That started the CUDA runtime and the
     caching allocator, which read and froze ``PYTORCH_CUDA_ALLOC_CONF``, while Python's
-    ``torch.cuda.is_initialized()`` stayed False (measured on the H200 with torch 2.11:
-    ``benchmarks/gpu/probe_freeze.py``; a BatchNorm2d forward alone froze the settings). The
+    ``torch.cuda.is_initialized()`` stayed False (``benchmarks/gpu/probe_freeze.py``; a
+    BatchNorm2d forward alone froze the settings). The
     subclass always answers True, as on a machine without a GPU: constants are not copied to
     the device, and ``torch.tensor(..., device="cuda")`` stays fake.
     """

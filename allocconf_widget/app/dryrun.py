@@ -445,7 +445,7 @@ class EstimateCheck:
 def compare_estimate(dry: DryRunResult, recording: TraceSource, confs: Sequence[str] = CHECK_SETTINGS,
                      *, trace: Any = None) -> EstimateCheck:
     """Each setting's peak reserved from the dry run beside the real recording's replay (the
-    replay of a recorded trace is exact within 2 % on held-out code: docs/simulator.md), on
+    replay of a recorded trace is close to exact: docs/fidelity.md), on
     the recording's GPU. ``trace`` is the recording's decoded trace, if the caller has it.
 
     Raises:

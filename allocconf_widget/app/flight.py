@@ -95,9 +95,8 @@ def keep_capture(capture: OomCapture) -> None:
     flight_history().set_capture(capture)
 
 
-#: Host bytes per ring-buffer entry: 387 B measured as resident-set growth over 100k trace-only
-#: entries on the H200 (benchmarks/gpu/bench_flight_overhead.py, docs/flight.md); the stacks run
-#: measured less (211 B, reusing heap the first run freed), so both are budgeted at 400 B.
+#: Host bytes per ring-buffer entry, budgeted a little above the resident-set growth measured
+#: with and without Python stacks (benchmarks/gpu/bench_flight_overhead.py, docs/flight.md).
 BYTES_PER_ENTRY = 400
 BYTES_PER_ENTRY_STACKS = 400
 

@@ -144,8 +144,7 @@ class SourceOptions:
 def _same_limit(fraction: float, recorded_total: int, total: int | None) -> float | None:
     """The fraction of ``total`` whose limit is the one ``fraction`` of ``recorded_total`` set
     (the recording's limit, told in another device size); None where that limit is the whole
-    device or more. Applying the share to the new size once replayed an H200 run under a limit
-    it never had (44/89 instead of 89/89)."""
+    device or more. The share applied to the new size would be a limit the run never had."""
     if total is None or total == recorded_total:
         return fraction
     from allocconf_widget.core.sim.capacity import fraction_for

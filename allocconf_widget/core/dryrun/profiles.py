@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from allocconf_widget._errors import AllocConfError
 from allocconf_widget.core.units import GIB, MIB
 
-#: CUDA context + cuBLAS/cuDNN handles' device memory outside the caching allocator, when not
-#: measured for the card (the H200 measured 527 MiB with torch 2.11; other cards are similar)
+#: CUDA context + cuBLAS/cuDNN handles' device memory outside the caching allocator, where it
+#: was not measured for the card (docs/dryrun.md, "Device profiles", has the measured values)
 ASSUMED_CONTEXT_BYTES = 512 * MIB
 
 
@@ -61,12 +61,12 @@ PROFILES: dict[str, GpuProfile] = {p.key: p for p in (
     GpuProfile("l4", "NVIDIA L4", int(22.5 * GIB), ASSUMED_CONTEXT_BYTES, (8, 9), 58),
     GpuProfile("a100-40", "NVIDIA A100-SXM4-40GB", 40 * GIB, ASSUMED_CONTEXT_BYTES, (8, 0), 108),
     GpuProfile("a100-80", "NVIDIA A100-SXM4-80GB", 80 * GIB, ASSUMED_CONTEXT_BYTES, (8, 0), 108),
-    # the total as torch 2.11 reports it on an H100 80GB HBM3 (the held-out recordings'
-    # sidecars: 79.18 GiB, not 80 GiB); the context is assumed
+    # the total as torch reports it on this card (measured: docs/dryrun.md, "Device profiles");
+    # the context is assumed
     GpuProfile("h100", "NVIDIA H100 80GB HBM3", 85_017_493_504, ASSUMED_CONTEXT_BYTES, (9, 0), 132,
                total_measured=True),
-    # measured: torch 2.11 on an H200 (the bundled recording's sidecar, device_total_bytes and
-    # device_total - free_at_start_bytes)
+    # total and context measured on this card (the bundled recording's sidecar: its
+    # device_total_bytes, and device_total_bytes - free_at_start_bytes)
     GpuProfile("h200", "NVIDIA H200", 150_109_880_320, 552_402_944, (9, 0), 132, measured=True),
 )}
 
@@ -106,9 +106,10 @@ def match_name(device_name: str, total_bytes: int) -> GpuProfile:
 # tensors never show (docs/dryrun.md has the measurements behind each rule).
 
 def cublas_workspace_bytes(gpu: GpuProfile) -> int:
-    """One cuBLAS workspace (torch's default ``CUBLAS_WORKSPACE_CONFIG``): 32 MiB on Hopper
-    (measured on the H200: 32 MiB, once per thread that runs a matmul, never freed), else
-    ``4096:2:16:8`` = 2 × 4 MiB + 8 × 16 KiB (torch's default for older GPUs, not measured)."""
+    """One cuBLAS workspace (torch's default ``CUBLAS_WORKSPACE_CONFIG``) on Hopper, made once
+    per thread that runs a matmul and never freed; on older GPUs torch's default
+    ``4096:2:16:8`` (two of 4096 KiB and eight of 16 KiB, not measured). docs/dryrun.md,
+    "Workspaces", has the measurement."""
     if gpu.capability >= (9, 0):
         return 32 * MIB
     return 2 * 4 * MIB + 8 * 16 * 1024
@@ -142,30 +143,30 @@ class ConvWorkspaces:
     after_weight_grad: int = 0
 
 
-#: a backward-filter workspace over its operands' bytes (H200: 1.00–1.19, median 1.04)
+#: a backward-filter workspace over its operands' bytes (docs/dryrun.md)
 WEIGHT_GRAD_WORKSPACE_RATIO = 1.05
-#: a channels-last backward's workspace over its operands' bytes (H200: 0.02–0.39 in all)
+#: a channels-last backward's workspace over its operands' bytes (the same page)
 CHANNELS_LAST_BACKWARD_RATIO = 0.2
-#: a channels-last stem's backward-filter workspace over its operands (H200, fp32 7×7/2: 1.08)
+#: a channels-last stem's backward-filter workspace over its operands (the same page)
 CHANNELS_LAST_STEM_RATIO = 1.08
 
 
 def conv_workspaces(conv: Convolution) -> ConvWorkspaces:
-    """The cuDNN workspaces one convolution borrows while it runs, as measured on the H200
-    (torch 2.11, cuDNN 9.19, heuristic algorithm choice; ``benchmarks/gpu/probe_op_transients.py``
-    and the allocations of real ResNet-18 traces, fp32 and bf16; docs/dryrun.md has the data).
+    """The cuDNN workspaces one convolution borrows while it runs, by the rule measured on a
+    Hopper GPU with cuDNN's heuristic algorithm choice (``benchmarks/gpu/probe_op_transients.py``
+    and the allocations of real ResNet-18 traces; docs/dryrun.md has the data).
 
     cuDNN's kernels there work in NHWC: a contiguous (NCHW) convolution borrows room for
     transposed copies of its operands, the sum of input, output and weight (in 2-byte types
-    with the input channels padded to a multiple of 8: ResNet's bf16 stem borrowed 147.05 MiB,
-    its 3-channel input padded to 8 plus its output). The forward borrows it once; the backward
-    twice, one after the other: the backward-data pass exactly that sum, the backward-filter
-    pass 1.00–1.19 of it. What borrows nothing: a stride-1 1×1 forward (a plain GEMM; the
-    strided ones borrow the sum), grouped and depthwise convolutions, a channels-last forward,
+    with the input channels padded to a multiple of 8: a bf16 stem's 3-channel input counts as
+    8). The forward borrows it once; the backward twice, one after the other: the
+    backward-data pass exactly that sum, the backward-filter pass about that sum again. What
+    borrows nothing: a stride-1 1×1 forward (a plain GEMM; the strided ones borrow the sum),
+    grouped and depthwise convolutions, a channels-last forward,
     and a first layer (≤ 4 input channels) unless its kernel is large and overlapping (ResNet's
     7×7/2 stem; 3×3 stems and ViT's patch embedding: 0). A channels-last backward borrows
     about a fifth of the sum. Other GPUs and cuDNN releases choose other algorithms: for them
-    this is an estimate of the same kind, never a bound. Each at most 1 GiB.
+    this is an estimate of the same kind, never a bound. Each is capped at one GiB.
     """
     input_bytes, weight_bytes = conv.input_bytes, conv.weight_bytes
     if conv.element_size == 2 and conv.in_channels % 8:
@@ -199,8 +200,8 @@ def conv_workspaces(conv: Convolution) -> ConvWorkspaces:
 def attention_backward_workspace_bytes(query_elements: int, query_bytes: int, logsumexp_bytes: int,
                                        grouped: bool) -> int:
     """What cuDNN's fused attention backward (``_scaled_dot_product_cudnn_attention_backward``,
-    SDPA's choice on the H200 for bf16) borrows beyond its outputs, as measured there
-    (``benchmarks/gpu/probe_op_transients.py``: the LM 16.25 MiB, ViT-S 9.38, Llama 16.13): a
+    SDPA's choice on Hopper for bf16) borrows beyond its outputs, as measured there
+    (``benchmarks/gpu/probe_op_transients.py``; docs/dryrun.md): a
     float32 accumulator for the query's gradient (4 bytes per query element) and a float32 row
     statistic the size of the log-sum-exp, and with grouped-query attention (fewer key/value
     heads than query heads) two more query-sized buffers, the key and value gradients before

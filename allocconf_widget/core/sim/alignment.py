@@ -4,8 +4,8 @@ The self-check scores a replay by the events it matched in order (:func:`.result
 as :class:`difflib.SequenceMatcher` aligns them: it finds the longest common run, then recurses on
 either side. On the long identical runs a faithful replay produces that is near-linear; on a trace
 of a few sizes repeated thousands of times every search walks every equal pair, and the recursion
-multiplies it: 1,000 alternating 30/32 MiB segments took minutes (an attack pass), and the
-self-check runs once per release the version inference tries. Here the same recursion is run with a
+multiplies it into minutes for a trace of two alternating sizes, and the self-check runs once
+per release the version inference tries. Here the same recursion is run with a
 budget on that work; once spent, what is left of each unaligned stretch is matched greedily (in
 order, looking a few events ahead), so a score is never higher than an alignment that exists.
 Within the budget the count is difflib's, to the event.
@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from difflib import SequenceMatcher
 
-#: equal pairs the longest-run searches may walk in all (≈ 0.1 s of CPython at worst)
+#: equal pairs the longest-run searches may walk in all (a bounded fraction of a second)
 SEARCH_BUDGET = 1_000_000
 #: how far ahead the greedy matcher looks for the next equal event
 LOOKAHEAD = 32

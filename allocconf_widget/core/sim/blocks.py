@@ -149,7 +149,7 @@ def candidates(pool: Pool) -> list[Block]:
     torch walks every cached block of the pool; the blocks this skips are ones the walk
     leaves alone (parts of a segment, expandable pieces without a whole page). Walking all
     of them per ``empty_cache()`` made a trace with many cached pieces, streams or pools
-    replay in quadratic time (issue 22); this costs the candidates only.
+    replay in quadratic time; this costs the candidates only.
     """
     cands = pool.cands
     out = []

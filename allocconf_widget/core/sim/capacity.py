@@ -3,7 +3,7 @@
 A run that grows its reserved memory to the whole card stops at the device total minus
 what is not the caching allocator's (the CUDA context, loaded kernels, library
 workspaces, other processes). A what-if that treats the whole device as usable predicts
-the device total as the peak where the real run peaked 0.5–1 GiB lower. When the caller
+the device total as the peak where the real run peaked lower. When the caller
 does not know that memory (no ``--non-pytorch``, no recording made by our recorder), it
 is estimated here from what the trace itself shows.
 """
@@ -22,9 +22,9 @@ from allocconf_widget.core.units import MIB, format_bytes
 if TYPE_CHECKING:
     from allocconf_widget.core.sim.trace.model import Trace
 
-#: Device memory in use in a fresh torch 2.11 process on an H200 once CUDA is initialised
-#: (``total − free`` right after ``mem_get_info``; the smallest over the recorded runs in
-#: ``benchmarks/data``, 526.8 MiB): the CUDA context before any kernel or library loads.
+#: Device memory in use in a fresh process once CUDA is initialised (``total − free`` right
+#: after ``mem_get_info``; the smallest over the recorded runs in ``benchmarks/data``): the CUDA
+#: context before any kernel or library loads.
 CUDA_CONTEXT_BYTES = 527 * MIB
 
 

@@ -80,8 +80,8 @@ class AddressSpace:
     """Where the CUDA driver puts new segments, when the recorded addresses are unknown.
 
     Addresses matter only for the equal-size tie-break of torch ≤ 2.11, through the
-    *order* of segments within a free list. The rules below are what the 66 recorded
-    H200 runs show (``benchmarks/address_model_study.py``; docs/simulator.md):
+    *order* of segments within a free list. The rules below are what the recorded runs
+    show (``benchmarks/address_model_study.py``; docs/simulator.md):
 
     * memory the process never had is taken top-down: a segment goes below the lowest
       one so far, starting on a 32 MiB boundary; the rest of that 32 MiB unit stays
@@ -434,7 +434,7 @@ class Engine:
                 allocated += bs
                 active += bs
                 requested += n
-                # not max(): a builtin call per allocation cost ~5 % of the replay
+                # not max(): a builtin call per allocation is measurable in the hot loop
                 if allocated > cmax:  # noqa: PLR1730
                     cmax = allocated
                 if active > amax:  # noqa: PLR1730

@@ -60,7 +60,7 @@ def take_free_expandable(eng: EngineCore, fl: FreeList, r: int) -> Block | None:
                     break
         return _claim(eng, fl, b, r)
     # the usual case, the same walk by index over the one sorted list (SortedKeys.one): an
-    # iterator per allocation made an expandable replay 10 % slower
+    # iterator per allocation would cost more than the walk
     j = bisect_left(one, x)
     if j == len(one):
         return None
@@ -150,8 +150,8 @@ CHECK_ROOM_SEARCH = False
 def _find_room(eng: EngineCore, fl: FreeList, r: int) -> Block:
     """``find_expandable_block``: lowest-address idle run (free + unmapped) of ≥ r bytes.
 
-    torch walks every unmapped range from the lowest; so did this replay, which made a
-    trace with many released holes quadratic (issue 22). The walk from an unmapped range
+    torch walks every unmapped range from the lowest; doing the same would make a trace with
+    many released holes quadratic. The walk from an unmapped range
     sums the idle run it starts (the free block before it included); the answer is the first
     range whose sum reaches ``r``. The free list keeps the walk's *records* (each range whose
     sum beat every earlier one: ``room_ptrs``/``room_totals``, up to ``room_end``): the first

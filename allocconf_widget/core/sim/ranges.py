@@ -4,9 +4,9 @@
 created: the *lowest* range at least ``size`` long (bottom-up first fit), and the *highest*
 range holding ``size`` bytes from a ``align``-aligned start (top-down first fit). Scanning a
 sorted list answers them in time proportional to the free ranges, so a trace that frees and
-creates many segments replayed in quadratic time (issue 22: a valid 176k-event trace took
-109 s). Here the ranges are the nodes of a treap keyed by start address; every node also
-holds the largest length and the largest aligned room in its subtree, so each search walks
+creates many segments would replay in quadratic time. Here the ranges are the nodes of a treap
+keyed by start address; every node also holds the largest length and the largest aligned room
+in its subtree, so each search walks
 one root-to-leaf path. Expected depth is logarithmic whatever the order of operations
 (the priorities come from a seeded generator, so replays stay deterministic).
 

@@ -390,8 +390,8 @@ class _Replays:
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         """Stop the pool. Interrupted (Ctrl-C, a notebook's interrupt) or failed, the workers
-        are ended at once instead of finishing the replays in hand and queued: a Ctrl-C on a
-        1M-event ranking took 8.5 s to return that way, 0.18 s this way.
+        are ended at once instead of finishing the replays in hand and queued, so a Ctrl-C
+        returns at once.
 
         The pool's manager thread is then waited for (a bounded moment: it only notices the
         ended workers and closes its pipes). Left running, it raced the interpreter's exit: the
@@ -481,7 +481,7 @@ class _Replays:
         return with_bounds(point, [b for b in bounds if isinstance(b, TimingBound)])
 
 
-_MANAGER_GRACE_S = 5.0  # for the pool's thread once its workers are ended; 4 ms measured
+_MANAGER_GRACE_S = 5.0  # for the pool's thread once its workers are ended (it takes far less)
 
 
 def _end_workers(pool: ProcessPoolExecutor) -> None:

@@ -3,7 +3,7 @@
 A free list's keys (``size << 64 | tiebreak``, see :mod:`.blocks`) were one sorted Python
 ``list``: best fit was one :func:`bisect.bisect_left`, but every insertion and deletion moved
 the list's tail (a memmove), so a free list holding hundreds of thousands of cached pieces
-(a valid trace with many expandable holes, issue 22 item 6) made each cache and take cost
+(a valid trace with many expandable holes) made each cache and take cost
 time proportional to the list. :class:`SortedKeys` keeps up to ``2 * LOAD`` keys in one
 sorted list (:attr:`SortedKeys.one`: every free list of an ordinary trace, on which the
 replay's hot loop works directly, as fast as before) and more in chunks of at most

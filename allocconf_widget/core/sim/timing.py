@@ -3,8 +3,8 @@
 A block freed after ``record_stream`` (a ``free_requested`` whose ``free_completed`` comes
 later) returns to the cache only once the other streams' work recorded on it is done, and
 torch notices that at its next ``malloc``. When that happens depends on how far the GPU
-lags the CPU, which differs from run to run: identical runs on an idle H200 peaked 1.45–1.85×
-apart (issue 23). One replay in recorded order gives one of those runs. This module builds
+lags the CPU, which differs from run to run: identical runs can peak far apart
+(docs/fidelity.md). One replay in recorded order gives one of those runs. This module builds
 two more orders of the same trace:
 
 * **early**: every such free completes as soon as it is requested (the GPU had caught up:
@@ -115,8 +115,7 @@ def host_ran_ahead(trace: Trace) -> bool | None:
     Where none did, every such free completed before the next allocation, the late order is the
     recorded one and the range has no width: the recorded run's CPU kept pace with its GPU (a
     slow host, a debugger, a cell that waits on the GPU) and says nothing of a run whose CPU
-    does get ahead. The same weight-streaming program, identical in every allocation, peaked
-    at 0.96 GiB with its host paced that way and at 2.97 GiB without (docs/fidelity.md).
+    does get ahead, which can peak several times higher (docs/fidelity.md).
     """
     if not trace.deferred_frees:
         return None
@@ -141,10 +140,9 @@ def host_ran_ahead(trace: Trace) -> bool | None:
 
 
 #: The late order's lag: this many times the recording's longest wait, in rows. One run's
-#: longest wait predicts another's poorly: among identical runs of our two-stream programs on
-#: the H200 it varied up to 6× (20× on a shared GPU), so no factor bounds it. Twice the recorded
-#: one held 345 of 356 real peaks in their range (each default run of each program as the
-#: recording in turn; the recorded lag alone: 330) and kept every range within 2.81× (1.84×).
+#: longest wait predicts another's poorly, so no factor bounds it; twice the recorded one is
+#: the factor that held the most real peaks in their range while keeping ranges narrow
+#: (docs/fidelity.md has the counts).
 LATE_LAG_FACTOR = 2
 
 
@@ -155,10 +153,8 @@ def _late_rows(trace: Trace, pair: dict[int, int], completions: list[int]) -> li
 
     Rows count the program's allocator calls, which every run of the program makes in the
     same order, so a lag in rows says "how far ahead the CPU got". A lag in microseconds
-    mixes in the CPU's speed and single stalls: one 11 ms stall on a shared GPU set the lag
-    of every free and put the late bound 3.05× above the early one. On 40 H200 runs of two
-    two-stream programs (each default run's trace as the recording in turn), rows held 141
-    of 160 real peaks in their range, microseconds 133.
+    mixes in the CPU's speed and single stalls (one stall sets the lag of every free); rows
+    held more real peaks in their range (docs/fidelity.md).
     """
     n = len(trace.ops)
     lag = LATE_LAG_FACTOR * max(j - i for j, i in pair.items())

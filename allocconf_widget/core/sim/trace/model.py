@@ -202,8 +202,8 @@ class Trace:
 
         ``garbage_collection_threshold`` releases the blocks that were idle longest first, and
         how long these had been idle before the recording is not in the snapshot: the replay
-        takes them as idle equally long, which decides among two or more of them (cut at 38
-        points, our two GC recordings replayed from such a start within 2.5 %).
+        takes them as idle equally long, which decides among two or more of them
+        (docs/simulator.md, "Traces that start mid-run", says how far that moves a peak).
         """
         state = self.initial_state
         if state is None:
