@@ -108,8 +108,8 @@ def match_name(device_name: str, total_bytes: int) -> GpuProfile:
 def cublas_workspace_bytes(gpu: GpuProfile) -> int:
     """One cuBLAS workspace (torch's default ``CUBLAS_WORKSPACE_CONFIG``) on Hopper, made once
     per thread that runs a matmul and never freed; on older GPUs torch's default
-    ``4096:2:16:8`` (two of 4096 KiB and eight of 16 KiB, not measured). docs/dryrun.md,
-    "Workspaces", has the measurement."""
+    ``4096:2:16:8`` (two of 4096 KiB and eight of 16 KiB, not measured). docs/dryrun.md has
+    the measurement."""
     if gpu.capability >= (9, 0):
         return 32 * MIB
     return 2 * 4 * MIB + 8 * 16 * 1024
