@@ -66,27 +66,38 @@ def facts_from(state: RuntimeState) -> RuntimeFacts:
     )
 
 
+#: the environment's text, its release and the configuration read from it: every view of one
+#: action reads the environment again, and it is parsed once while it stays the same
+_LAST_READ: tuple[str, tuple[int, int], str, AllocConf] | None = None
+
+
 def current_conf(state: RuntimeState) -> AllocConf:
     """The configuration torch has read (or will read) from the environment, if valid.
 
     An invalid value already in the environment counts as empty here; the
     environment report carries the error for the user.
     """
+    global _LAST_READ  # noqa: PLW0603  (one entry: the environment as last read)
     text = state.env.effective_text or ""
+    last = _LAST_READ
+    if last is not None and last[:3] == (text, state.version.key, state.version.build):
+        return last[3]
     try:
-        return parse_conf(text, state.version, warn=False)
+        conf = parse_conf(text, state.version, warn=False)
     except AllocConfError:
-        return parse_conf("", state.version, warn=False)
+        conf = parse_conf("", state.version, warn=False)
+    _LAST_READ = (text, state.version.key, state.version.build, conf)
+    return conf
 
 
-def preview(requested: AllocConf | str, state: RuntimeState | None = None) -> tuple[OptionPlan, ...]:
+def preview(requested: AllocConf, state: RuntimeState | None = None) -> tuple[OptionPlan, ...]:
     """What :func:`apply` would do, without doing it."""
     state = state or detect_state()
     conf = _validated(requested, state)
     return plan_apply(current_conf(state), conf, facts_from(state))
 
 
-def apply(requested: AllocConf | str, *, environ: MutableMapping[str, str] | None = None,
+def apply(requested: AllocConf, *, environ: MutableMapping[str, str] | None = None,
           state: RuntimeState | None = None) -> ApplyResult:
     """Make ``requested`` the allocator configuration of this process, as far as possible now.
 
@@ -143,13 +154,12 @@ def _refuse_unkeepable_split(state: RuntimeState) -> None:
             "then set again") from None
 
 
-def _validated(requested: AllocConf | str, state: RuntimeState) -> AllocConf:
+def _validated(requested: AllocConf, state: RuntimeState) -> AllocConf:
     """``requested`` checked against the installed torch: an ``AllocConf`` parsed for that
-    release already is (it is immutable), so only text or another release's is parsed."""
-    if isinstance(requested, AllocConf) and requested.torch_version.key == state.version.key:
+    release already is (it is immutable); another release's is checked option by option."""
+    if requested.torch_version.key == state.version.key:
         return requested
-    text = requested.to_string() if isinstance(requested, AllocConf) else requested
-    return parse_conf(text, state.version, warn=False)
+    return requested.for_release(state.version)
 
 
 def _write_env(environ: MutableMapping[str, str], variable: str, text: str,

@@ -13,11 +13,13 @@ returns its :class:`~allocconf_widget.app.session.ApplyOutcome`.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 from allocconf_widget.app.session import ApplyOutcome, Session
 from allocconf_widget.core.config.conf import AllocConf, Change, format_value, parse_conf
 from allocconf_widget.core.config.options import spec_for
+from allocconf_widget.core.versions import TorchVersion
 
 #: Options a replay says nothing about (host memory, locking, graph capture): Apply keeps them
 #: as they are rather than unsetting them behind the user's back.
@@ -106,11 +108,18 @@ def plan_candidate(base: AllocConf, conf: str, *, foreign_source: str | None = N
     Raises:
         AllocConfError: the candidate is not valid for the kernel's torch.
     """
-    row = parse_conf(conf, base.torch_version, warn=False)
+    row = _row_conf(conf, base.torch_version)
     kept = {name: value for name, value in base.items()
             if not _replayed(name) and name not in row and spec_for(name) is not None}
-    target = row.merge(kept) if kept else row
+    target = base.without(*(name for name, _ in base.items() if name not in kept)).merge(row) if kept else row
     return CandidatePlan(conf, target, base.diff(target), tuple(kept), foreign_source)
+
+
+@functools.lru_cache(maxsize=128)
+def _row_conf(conf: str, version: TorchVersion) -> AllocConf:
+    """A ranked row's option string for the kernel's torch, parsed once per string and release
+    (rows are planned again at every change of the session)."""
+    return parse_conf(conf, version, warn=False)
 
 
 def plan_for_session(session: Session, conf: str, *, foreign_source: str | None = None) -> CandidatePlan:

@@ -25,7 +25,7 @@ from allocconf_widget._errors import AllocConfError
 from allocconf_widget.adapters.runtime_state import RuntimeState
 from allocconf_widget.app.session import ApplyOutcome, ConfigView, Session
 from allocconf_widget.core.config import options as opt
-from allocconf_widget.core.config.conf import conf_from_values, format_value, parse_conf
+from allocconf_widget.core.config.conf import conf_from_values, format_value
 from allocconf_widget.core.config.envvars import snippets, variable_to_write
 from allocconf_widget.core.config.plan import Action, OptionPlan
 from allocconf_widget.core.units import MIB, format_bytes
@@ -107,8 +107,8 @@ class PanelModel:
         if error is not None:
             option = error.option if error.option in self.draft else None
             return DraftStatus(text, variable, error_text(error), (), (), error_option=option)
-        conf = parse_conf(text, self.version, warn=False)
         view = self.session.view()
+        conf = view.staged  # the draft, as set_option staged it (parsed there, once)
         warnings = tuple(str(w) for w in conf.warnings) + self.size_warnings()
         return DraftStatus(conf.to_string(), variable, None, warnings, view.plans, view.has_changes)
 

@@ -313,17 +313,17 @@ def _with_gc_start_note(report: SimulationReport, trace: Trace) -> SimulationRep
 
 def settings_for(conf: AllocConf, version: TorchVersion) -> SimSettings:
     """``conf`` as the replay models it under ``version``'s rules: converted as parsed where it
-    was parsed for that release, validated again for it otherwise.
+    was parsed for that release, each option checked for it otherwise (no string re-parsed).
 
     Raises:
         AllocConfError: ``version`` does not take ``conf`` (or the replay cannot model it).
     """
     from allocconf_widget.core.sim.settings import SimSettings
 
-    if simulated_release(conf.torch_version) == version:
-        settings = SimSettings.from_conf(conf, label=conf.to_string())
-        return dataclasses.replace(settings, torch_version=version)
-    return SimSettings.from_string(conf.to_string(), version)
+    if simulated_release(conf.torch_version) != version:
+        conf = conf.for_release(version)
+    settings = SimSettings.from_conf(conf, label=conf.to_string())
+    return dataclasses.replace(settings, torch_version=version)
 
 
 def _kernel_settings(kernel: AllocConf, version: TorchVersion, notes: list[Note]) -> SimSettings:

@@ -89,7 +89,8 @@ def test_apply_after_a_silent_freeze_still_works_through_the_setter():
         import torch
         torch.cuda.memory_snapshot()          # freezes the settings, no flag shows it
         from allocconf_widget.adapters.apply import apply
-        r = apply("expandable_segments:True")
+        from allocconf_widget.core.config.conf import parse_conf
+        r = apply(parse_conf("expandable_segments:True"))
         out = {"plan": [p.action.name for p in r.plan], "setter": r.setter_called,
                "expandable": expandable_now()}
     """)
@@ -185,7 +186,8 @@ def test_memory_fraction_applied_live():
         import torch
         x = torch.empty(1, device="cuda")
         from allocconf_widget.adapters.apply import apply
-        r = apply("per_process_memory_fraction:0.05")
+        from allocconf_widget.core.config.conf import parse_conf
+        r = apply(parse_conf("per_process_memory_fraction:0.05"))
         try:
             y = torch.empty(int(0.08 * torch.cuda.get_device_properties(0).total_memory),
                             dtype=torch.uint8, device="cuda"); oom = False

@@ -39,8 +39,9 @@ def test_looking_never_imports_torch():
         import sys
         from allocconf_widget.adapters.runtime_state import detect_state
         from allocconf_widget.adapters.apply import preview
+        from allocconf_widget.core.config.conf import parse_conf
         s = detect_state()
-        preview({OPT!r}, s)
+        preview(parse_conf({OPT!r}), s)
         out = {{"phase": s.phase.name, "torch_loaded": "torch" in sys.modules}}
     """)
     assert out == {"phase": "NOT_IMPORTED", "torch_loaded": False}
@@ -50,7 +51,8 @@ def test_before_import_apply_writes_the_variable_torch_will_read():
     out = run_fresh(f"""
         import os
         from allocconf_widget.adapters.apply import apply
-        r = apply({TWO_OPTS!r})
+        from allocconf_widget.core.config.conf import parse_conf
+        r = apply(parse_conf({TWO_OPTS!r}))
         import torch  # the setting must be in place before this
         out = {{"plan": [p.action.name for p in r.plan], "var": r.variable,
                "env": os.environ.get(r.variable), "setter": r.setter_called}}
@@ -65,7 +67,8 @@ def test_existing_winning_variable_is_reused_not_shadowed():
     out = run_fresh(f"""
         import os
         from allocconf_widget.adapters.apply import apply
-        r = apply({OPT!r})
+        from allocconf_widget.core.config.conf import parse_conf
+        r = apply(parse_conf({OPT!r}))
         out = {{"var": r.variable, "cuda": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
                "alloc": os.environ.get("PYTORCH_ALLOC_CONF")}}
     """, env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:256"})
@@ -77,9 +80,10 @@ def test_invalid_input_changes_nothing():
         import os
         from allocconf_widget import AllocConfError
         from allocconf_widget.adapters.apply import apply
+        from allocconf_widget.core.config.conf import parse_conf
         before = dict(os.environ)
         try:
-            apply("max_split_size_mb:8")
+            apply(parse_conf("max_split_size_mb:8"))
             raised = False
         except AllocConfError:
             raised = True
@@ -101,8 +105,9 @@ def test_cpu_build_is_reported_as_no_cuda_and_stays_usable():
         import torch
         from allocconf_widget.adapters.runtime_state import detect_state
         from allocconf_widget.adapters.apply import apply
+        from allocconf_widget.core.config.conf import parse_conf
         s = detect_state()
-        r = apply("expandable_segments:True")
+        r = apply(parse_conf("expandable_segments:True"))
         out = {"phase": s.phase.name, "plan": [p.action.name for p in r.plan],
                "initialized": torch.cuda.is_initialized()}
     """)
@@ -113,7 +118,8 @@ def test_reset_to_defaults_removes_every_read_variable():
     out = run_fresh("""
         import os
         from allocconf_widget.adapters.apply import apply
-        apply("")
+        from allocconf_widget.core.config.conf import parse_conf
+        apply(parse_conf(""))
         out = {k: os.environ.get(k) for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
     """, env={"PYTORCH_CUDA_ALLOC_CONF": "", "PYTORCH_ALLOC_CONF": OPT})
     # an empty variable would still count as set; every variable this torch reads is gone,

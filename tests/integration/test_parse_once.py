@@ -77,3 +77,47 @@ def test_the_cache_never_hides_a_warning(ip, recwarn):
     for _ in range(2):
         with pytest.warns(AllocConfWarning, match="given twice"):
             parse_conf("max_split_size_mb:256,max_split_size_mb:512")
+
+
+@pytest.fixture
+def parse_calls(monkeypatch):
+    """Every call into the parser, the cache's answers included."""
+    calls: list[str] = []
+    real = conf_module._parse
+
+    def counting(text, version):
+        calls.append(text)
+        return real(text, version)
+
+    monkeypatch.setattr(conf_module, "_parse", counting)
+    return calls
+
+
+def test_a_slider_tick_with_the_whatif_tab_open_parses_once(ip, parse_calls):
+    """One tick: the slider's value is parsed where it enters; the staged draft, its prediction
+    on the recorded step, the What if? tab's line about the draft and every view of the session
+    take that ``AllocConf`` (and the environment's, read once while it stays the same)."""
+    from pathlib import Path
+
+    from allocconf_widget.adapters.recorder import CellRecording
+    from allocconf_widget.app.session import get_session
+    from allocconf_widget.core.memory.snapshot import load_snapshot
+    from allocconf_widget.views.widgets.panel import Panel
+
+    session = get_session(ip)
+    data = Path(__file__).resolve().parents[1] / "data" / "cnn__default.pickle.gz"
+    session.set_recording(CellRecording(snapshot=dict(load_snapshot(data)), torch_version="2.11.0",
+                                        device_total=150_109_880_320, free_at_start=149_557_477_376))
+    panel = Panel(session)
+    try:
+        panel.tabs.selected_index = 2  # the What if? tab, open
+        assert panel.whatif is not None and panel.whatif.run() is not None
+        row = panel._rows["max_split_size_mb"]
+        row.enabled.value = True
+        before = panel.prediction.value
+        parse_calls.clear()
+        row.editor.children[0].value = 2 ** 8  # the slider, released at 256 MiB
+        assert parse_calls == ["max_split_size_mb:256"], parse_calls
+        assert panel.prediction.value != before and "max_split_size_mb:256" in panel.prediction.value
+    finally:
+        panel.close()

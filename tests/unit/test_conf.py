@@ -215,10 +215,10 @@ def test_canonical_string_is_schema_ordered_and_normalised():
 
 def test_merge_overrides_and_revalidates():
     base = quiet("expandable_segments:True,max_split_size_mb:64")
-    merged = base.merge("max_split_size_mb:512")
+    merged = base.merge(quiet("max_split_size_mb:512"))
     assert merged.to_string() == "expandable_segments:True,max_split_size_mb:512"
     with pytest.raises(AllocConfError, match="at least 128"):
-        base.merge("large_segment_size_mb:128")  # now max_split 64 < 128
+        base.merge(quiet("large_segment_size_mb:128"))  # now max_split 64 < 128
 
 
 @pytest.mark.parametrize("changes", [
@@ -227,15 +227,24 @@ def test_merge_overrides_and_revalidates():
     {"garbage_collection_threshold": "0.6:0.7"},
     {"max_split_size_mb:128,backend": "cudaMallocAsync"},
 ], ids=["comma-backend", "comma-expandable", "colon", "spliced-name"])
-def test_merge_validates_each_text_value_like_with_changes(changes):
-    """A mapping's text value cannot splice another option in (issue 22, item 5)."""
+def test_each_text_value_is_validated_on_its_own(changes):
+    """A form's text value cannot splice another option in."""
     base = quiet("expandable_segments:False")
     with pytest.raises(AllocConfError):
-        base.merge(changes)
-    with pytest.raises(AllocConfError):
         base.with_changes(changes)
-    assert base.merge({"max_split_size_mb": "128"}).to_string() == (
+    assert base.with_changes({"max_split_size_mb": "128"}).to_string() == (
         "expandable_segments:False,max_split_size_mb:128")
+
+
+def test_a_configuration_moves_to_another_release_option_by_option():
+    """The replay checks a kernel's settings for the trace's release without a string parse:
+    what that release refuses is said by name, what it takes is the same configuration."""
+    newer = parse_conf("throw_on_cudamalloc_oom:True,max_split_size_mb:256", "2.13", warn=False)
+    with pytest.raises(AllocConfError, match="throw_on_cudamalloc_oom"):
+        newer.for_release("2.11")
+    kept = parse_conf("expandable_segments:True,max_split_size_mb:256", "2.13", warn=False)
+    moved = kept.for_release("2.11")
+    assert moved == kept and str(moved.torch_version).startswith("2.11")
 
 
 def test_diff_lists_changed_options_only():

@@ -108,16 +108,34 @@ class AllocConf:
         return f"AllocConf({self.to_string()!r}, torch={self.torch_version})"
 
     # -- derivation ----------------------------------------------------------
-    def merge(self, other: AllocConf | str | Mapping[str, Any]) -> AllocConf:
+    def merge(self, other: AllocConf) -> AllocConf:
         """A new configuration with ``other``'s options overriding or adding to these.
 
         The result is validated again (two valid halves can clash, e.g. a
         ``large_segment_size_mb`` above the other half's ``max_split_size_mb``).
         """
-        incoming = _coerce(other, self.torch_version)
         merged = dict(self.entries)
-        merged.update(incoming.entries)
+        merged.update(other.entries)
         return _reparse(merged, self.torch_version)
+
+    def for_release(self, torch_version: VersionLike) -> AllocConf:
+        """This configuration as another torch release takes it: each option and value is
+        checked against that release's rules on its own, without parsing a string again.
+
+        Raises:
+            AllocConfError: that release has no such option or refuses a value.
+        """
+        version = resolve_version(torch_version)
+        if (version.key, version.build) == (self.torch_version.key, self.torch_version.build):
+            return self
+        large_segment = int(self.get("large_segment_size_mb") or 20)
+        values: dict[str, Value] = {}
+        for name, value in self.entries:
+            spec = _lookup(Token(name, 0), version)
+            values[spec.name] = _value(spec, tokenize(format_value(value), version), version, large_segment)
+        ordered = tuple(sorted(values.items(), key=lambda kv: opt.canonical_index(kv[0])))
+        found = (*_version_warnings(version), *find_traps(dict(ordered), version))
+        return AllocConf(ordered, version, tuple(found))
 
     def with_changes(self, changes: Mapping[str, Any]) -> AllocConf:
         """A copy with several options set (text or typed values) or unset (``None``), validated once.
@@ -171,9 +189,9 @@ class AllocConf:
         drop = {opt.canonical_name(n) for n in names}
         return _reparse({k: v for k, v in self.entries if k not in drop}, self.torch_version)
 
-    def diff(self, other: AllocConf | str | Mapping[str, Any]) -> tuple[Change, ...]:
+    def diff(self, other: AllocConf) -> tuple[Change, ...]:
         """Options whose value differs from ``self`` to ``other``, in canonical order."""
-        theirs = _coerce(other, self.torch_version).as_dict()
+        theirs = other.as_dict()
         mine = self.as_dict()
         names = sorted(set(mine) | set(theirs), key=opt.canonical_index)
         return tuple(Change(n, mine.get(n), theirs.get(n)) for n in names
@@ -265,22 +283,6 @@ def _version_warnings(version: TorchVersion) -> tuple[ConfWarning, ...]:
     return (ConfWarning("unknown-version", None,
                         f"torch {version} is newer than allocconf_widget's model; "
                         f"checking with the rules of torch {newest}"),)
-
-
-def _coerce(other: AllocConf | str | Mapping[str, Any], version: TorchVersion) -> AllocConf:
-    if isinstance(other, AllocConf):
-        return other
-    if isinstance(other, str):
-        return _parse(other, version)
-    # as in with_changes: each name and each text value on its own first, so a value holding
-    # ``,`` or ``:`` cannot splice another option into the rebuilt string
-    checked: dict[str, Any] = {}
-    for name, value in dict(other).items():
-        canonical = check_option_name(name, version)
-        if isinstance(value, str):
-            _check_single_value(canonical, value, version)
-        checked[canonical] = value
-    return _reparse(checked, version)
 
 
 def _reparse(values: Mapping[str, Any], version: TorchVersion) -> AllocConf:

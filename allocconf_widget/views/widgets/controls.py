@@ -64,6 +64,9 @@ class OptionRow:
         self._on_change = on_change
         self._quiet = False
         self._error: str | None = None
+        #: the value last reported (or shown): an editor made of two widgets (a slider and its
+        #: number box) changes both for one move, and the move is one edit
+        self._reported = value
         self.enabled = W.Checkbox(value=value is not None, indent=False,
                                   layout=W.Layout(width="28px"))
         self.enabled.add_class("allocconf-set")
@@ -90,6 +93,7 @@ class OptionRow:
     def show(self, value: str | None) -> None:
         """Display ``value`` (None: torch's default) without reporting it back as an edit."""
         self._quiet = True
+        self._reported = value
         try:
             self.enabled.value = value is not None
             if value is not None:
@@ -126,7 +130,11 @@ class OptionRow:
         if self._quiet:
             return
         self._sync_enabled()
-        self._on_change(self.spec.name, self.value())
+        value = self.value()
+        if value == self._reported:
+            return
+        self._reported = value
+        self._on_change(self.spec.name, value)
 
 
 def _leaves(widget: Any) -> list[Any]:
