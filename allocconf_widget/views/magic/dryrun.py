@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from allocconf_widget._errors import AllocConfError, RuntimeStateError, printable
 
 if TYPE_CHECKING:
+    from allocconf_widget.app.dryrun import DryRunResult
     from allocconf_widget.views.magic.context import MagicContext, SubParsers
 
 
@@ -59,7 +60,7 @@ def _compiled(shell: Any, cell: str) -> Any:
     return compile(source, name, "exec")
 
 
-def _run_cell(ctx: MagicContext, cell: str, gpu: Any, rules: bool) -> Any:
+def _run_cell(ctx: MagicContext, cell: str, gpu: str | None, rules: bool) -> DryRunResult | None:
     from allocconf_widget.app.dryrun import dry_run
 
     ns = _namespace_copy(ctx.shell)
@@ -100,8 +101,11 @@ def run_dryrun(args: argparse.Namespace, ctx: MagicContext) -> Any:
         raise RuntimeStateError("%%allocconf dryrun interrupted after your cell ran") from None
 
 
-def _after_the_cell(args: argparse.Namespace, ctx: MagicContext, result: Any) -> Any:
+def _after_the_cell(args: argparse.Namespace, ctx: MagicContext,
+                    result: DryRunResult | None) -> DryRunResult:
     assert ctx.cell is not None  # run_dryrun refused a line magic
+    if result is None:  # the block never finished entering the dry run
+        raise RuntimeStateError("the dry run did not start: nothing was recorded")
     result.require_allocations()  # before the session keeps it: an empty one replaces nothing
     # saved before the session keeps it: a save that fails leaves the previous dry run in place
     saved = result.save(args.save) if args.save is not None else None

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import threading
 from html import escape
-from typing import Any
 
 from allocconf_widget.app.candidates import CandidatePlan, apply_candidate
 from allocconf_widget.app.flight import (
@@ -94,7 +93,7 @@ def verdict_html(analysis: FlightAnalysis) -> str:
 class FlightOomView:
     """The widgets; ``view.widget`` is what gets displayed."""
 
-    def __init__(self, analysis: FlightAnalysis, *, session: Any, report: OomReport | None = None,
+    def __init__(self, analysis: FlightAnalysis, *, session: Session, report: OomReport | None = None,
                  background: bool = False) -> None:
         import ipywidgets as W
 
