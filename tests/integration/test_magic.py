@@ -626,3 +626,13 @@ def test_simulate_ranks_the_staged_draft_as_the_tab_does(ip, capsys):
     capsys.readouterr()
     ip.run_line_magic("allocconf", "simulate --demo")
     assert "roundup_power2_divisions:2 [staged draft]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("sep", [":", "="])
+def test_set_quotes_a_bad_value_as_it_was_typed(ip, sep):
+    """``%allocconf set max_split_size_mb:-5`` was answered "max_split_size_mb=-5 is negative"."""
+    with pytest.raises(UsageError) as info:
+        ip.run_line_magic("allocconf", f"set max_split_size_mb{sep}-5")
+    assert str(info.value).startswith(f"max_split_size_mb{sep}-5 is negative")
+    with pytest.raises(UsageError, match=f"give it once, e.g. max_split_size_mb{sep}512"):
+        ip.run_line_magic("allocconf", f"set max_split_size_mb{sep}256 max_split_size_mb{sep}512")
