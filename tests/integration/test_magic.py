@@ -24,6 +24,7 @@ from tests.torch_versions import (
     OPT_SET,
     OPT_VALUES,
     READ_VAR,
+    TORCH,
     TORCH_TEXT,
     needs_torch,
     offered,
@@ -167,6 +168,19 @@ def test_show_reports_state_requested_and_saved(ip, capsys):
         assert "not readable yet" not in out
     else:  # torch not imported yet, or a CUDA build without a GPU here
         assert "Effective: not readable yet" in out
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    ("0", "without IPC handles"), ("1", "can be sent to other processes"),
+    ("yes", "Ignoring invalid value for boolean flag")])
+def test_show_says_what_the_expandable_segments_ipc_variable_does(ip, capsys, monkeypatch, value, says):
+    monkeypatch.setenv("TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC", value)
+    _, out = magic(ip, "show", capsys)
+    line = next(x for x in out.splitlines() if "TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC" in x)
+    if TORCH is not None and TORCH < (2, 12):  # this torch does not read it
+        assert "not read by torch" in line
+    else:
+        assert says in line
 
 
 def test_show_on_a_cpu_build_says_no_allocator_reads_the_settings(ip, capsys):

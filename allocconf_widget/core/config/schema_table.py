@@ -162,4 +162,12 @@ def render_markdown() -> str:
     for r in rows:
         alias = f" (also spelled `{r['aliases']}`)" if r["aliases"] else ""
         out += [f"### `{r['option']}`{alias}", "", f"{r['summary']} {r['explanation']}", ""]
+    from allocconf_widget.core.config.envvars import RELATED_VARS
+
+    out += ["## Other variables the allocator reads", "",
+            "Variables of their own, not keys of the settings string. `%allocconf show` and "
+            "`allocconf check --env` say what each one that is set does under the torch in use.", ""]
+    for var in RELATED_VARS:
+        out += [f"### `{var.name}` (torch {var.since[0]}.{var.since[1]}+, default {var.default})", "",
+                var.what, ""]
     return "\n".join(out).rstrip() + "\n"

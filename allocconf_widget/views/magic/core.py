@@ -91,6 +91,8 @@ def run_show(_args: argparse.Namespace, ctx: MagicContext) -> dict[str, Any]:
               "(not applied: %allocconf apply)")
     for name, value in state.env.set_vars.items():
         print(f"  {name}={_shown_value(value)}")
+    for line in state.env.related_lines():
+        print(f"  {line}")
     for problem in state.env.problems:
         print(f"  problem: {problem}")
     check = read_back(current, state=state)
