@@ -172,15 +172,22 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
     # every fact the sidecar holds counts unless its own option is given: giving the device's
     # size must not throw away the fraction the run had or the memory outside PyTorch
     sidecar = read_sidecar(path)
+    decoded = loaded.derived
+    if sidecar.facts is not None:  # facts the trace proves wrong are left out, each named
+        from allocconf_widget.core.sim.sidecar_check import check_sidecar
+
+        decoded = decoded if decoded is not None else _decoded_or_none(snapshot, device)
+        sidecar = check_sidecar(sidecar, decoded, snapshot)
     known = sidecar.facts
-    if sidecar.problem:
-        notes.append(sidecar.problem)
+    notes.extend(sidecar.notes)
     fraction = None
     if known is not None:
         used = []
-        if device_total is None:
+        if known.device_total_bytes is None:
+            pass  # ignored above, with a note
+        elif device_total is None:
             device_total = known.device_total_bytes
-            used.append(f"device capacity {format_bytes(device_total or 0)} (--device-total)")
+            used.append(f"device capacity {format_bytes(device_total)} (--device-total)")
         elif device_total != known.device_total_bytes:
             notes.append(f"the recording's sidecar {known.path.name} says the device had "
                          f"{format_bytes(known.device_total_bytes or 0)}; replayed with "
@@ -215,8 +222,19 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
         label = f"{label} (a {LABEL}{on})"
         notes.extend(GAPS)
     return TraceSource(snapshot, label, torch_version, device_total, non_pytorch_bytes, device,
-                       tuple(notes), fraction=fraction, limit_known=known is not None,
-                       decoded=loaded.derived)
+                       tuple(notes), fraction=fraction,
+                       limit_known=known is not None and known.limit_known, decoded=decoded)
+
+
+def _decoded_or_none(snapshot: Mapping[str, Any], device: int | None) -> Trace | None:
+    """The trace of ``device`` decoded here (the load could not do it beside its checks), or
+    None where it cannot be: the replay then meets the error, worded as always."""
+    from allocconf_widget.core.sim.trace import extract_trace
+
+    try:
+        return extract_trace(snapshot, device)
+    except SnapshotError:
+        return None
 
 
 @dataclass(frozen=True)
