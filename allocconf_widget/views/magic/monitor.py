@@ -52,10 +52,6 @@ def _usage(message: str) -> Exception:
     return UsageError(message)
 
 
-def _in_terminal() -> bool:
-    return _why_no_widgets() is not None
-
-
 def _why_no_widgets() -> str | None:
     """Why this front end gets text in place of widgets, in one line; None where it shows them."""
     from allocconf_widget.adapters.frontend import detect_frontend
