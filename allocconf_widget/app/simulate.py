@@ -18,7 +18,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
-from allocconf_widget._errors import AllocConfError, SnapshotError, printable
+from allocconf_widget._errors import AllocConfError, SnapshotError, one_line, printable
 from allocconf_widget.core.units import MIB
 from allocconf_widget.core.versions import TorchVersion, installed_torch_version, simulated_release
 
@@ -189,7 +189,7 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
             device_total = known.device_total_bytes
             used.append(f"device capacity {format_bytes(device_total)} (--device-total)")
         elif device_total != known.device_total_bytes:
-            notes.append(f"the recording's sidecar {known.path.name} says the device had "
+            notes.append(f"the recording's sidecar {one_line(known.path.name, 120)} says the device had "
                          f"{format_bytes(known.device_total_bytes or 0)}; replayed with "
                          f"--device-total {format_bytes(device_total)}")
         if non_pytorch_bytes is None and known.non_pytorch_bytes is not None:
@@ -208,17 +208,18 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
         if torch_version is None and known.torch_version:
             torch_version = recorded_release(known.torch_version)
             if torch_version is not None:
-                used.append(f"torch {printable(known.torch_version, 40)} (--torch-version)")
+                used.append(f"torch {one_line(known.torch_version, 40)} (--torch-version)")
         if used:
-            notes.append(f"from the recording's sidecar {known.path.name}: {', '.join(used)}; "
+            notes.append(f"from the recording's sidecar {one_line(known.path.name, 120)}: "
+                         f"{', '.join(used)}; "
                          "the option in brackets overrides it")
-    label = printable(path, 300)  # a name with an escape sequence must not reach a terminal raw
+    label = one_line(path, 300)  # a name with a newline or an escape must not shape a report
     from allocconf_widget.core.dryrun_facts import GAPS, LABEL, SNAPSHOT_MARK
 
     mark = snapshot.get(SNAPSHOT_MARK)
     if isinstance(mark, dict):  # written by app/dryrun: an estimate, named as the session names it
         gpu = mark.get("gpu_name")
-        on = f" of a step on {printable(gpu, 60)}" if isinstance(gpu, str) and gpu else ""
+        on = f" of a step on {one_line(gpu, 60)}" if isinstance(gpu, str) and gpu else ""
         label = f"{label} (a {LABEL}{on})"
         notes.extend(GAPS)
     return TraceSource(snapshot, label, torch_version, device_total, non_pytorch_bytes, device,

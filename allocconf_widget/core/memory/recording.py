@@ -412,7 +412,8 @@ def _no_constant(name: str) -> None:
 
 
 def _bad_sidecar(sidecar: Path, why: str) -> SidecarRead:
-    return SidecarRead(None, f"ignored the sidecar {printable(sidecar.name, 120)}: {why}; the "
+    return SidecarRead(None, f"ignored the sidecar {printable(sidecar.name, 120, newlines=False)}: "
+                       f"{printable(why, 400, newlines=False)}; the "
                        "snapshot is replayed without it")
 
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from itertools import compress
 from typing import Any, TypeGuard
 
-from allocconf_widget._errors import SnapshotError, printable
+from allocconf_widget._errors import SnapshotError, one_line
 from allocconf_widget.core.gcpause import paused_gc
 from allocconf_widget.core.numbers import int_or_zero
 from allocconf_widget.core.sim.state import (
@@ -726,7 +726,7 @@ def _decode(
         ooms=tuple(b.ooms),
         # an action is the file's own string: escaped once here for every view (a crafted one
         # carried escape sequences into the header of `allocconf simulate`)
-        action_counts=tuple(sorted(((printable(a, 60), c) for a, c in b.counts.items()),
+        action_counts=tuple(sorted(((one_line(a, 60), c) for a, c in b.counts.items()),
                                    key=lambda kv: -kv[1])),
         unknown_frees=b.unknown_frees,
         first_unknown_free=b.first_unknown,
@@ -734,7 +734,7 @@ def _decode(
         initial_state=initial_state,
         ambiguous_releases=b.ambiguous,
         deferred_frees=b.deferred,
-        unknown_actions=tuple(sorted((printable(a, 60), c) for a, c in b.counts.items()
+        unknown_actions=tuple(sorted((one_line(a, 60), c) for a, c in b.counts.items()
                                      if a not in _KNOWN_ACTIONS)),
     )
     return trace, list(b.live)
