@@ -51,27 +51,27 @@ class RelatedVariable:
         return meaning
 
 
-#: ``TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC``: read with ``c10::utils::check_env`` (``1`` true, ``0``
-#: false, anything else a warning and the default) into a function-local static the first time
-#: an expandable segment maps memory (``ExpandableSegment::map``), default on.
+#: ``TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC`` (pytorch/pytorch#169487, in 2.10): read with
+#: ``c10::utils::check_env`` (``1`` true, ``0`` false, anything else a warning and the default)
+#: into a function-local static the first time an expandable segment maps memory
+#: (``ExpandableSegment::map``); on unless set, in PyPI's builds (Meta's internal builds: off).
 EXPANDABLE_IPC = RelatedVariable(
     name="TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC",
-    since=(2, 12),
+    since=(2, 10),
     default="1: on",
     meanings={
         "1": "expandable segments create their memory shareable: CUDA tensors in them can be "
              "sent to other processes (the default)",
-        "0": "expandable segments create their memory without IPC handles: sending a CUDA "
-             "tensor in one to another process fails (\"Cannot share an expandable_segments "
-             "allocation: IPC handles are disabled\")",
+        "0": "expandable segments create their memory without IPC handles: a CUDA tensor in "
+             "one cannot be sent to another process",
     },
     what=(
         "Whether expandable segments create their memory with handles another process can open "
         "(POSIX file descriptors, or fabric handles where the GPU has them), so that CUDA "
         "tensors in them can be shared through torch.multiprocessing (DataLoader workers, "
         "reductions across processes). 1 (the default) or 0; with 0 sharing such a tensor "
-        "fails with \"Cannot share an expandable_segments allocation: IPC handles are "
-        "disabled\". Any other value is ignored with a warning. Read once per process, when "
+        "fails (2.14 and 2.15 say \"Cannot share an expandable_segments allocation: IPC handles "
+        "are disabled\"). Any other value is ignored with a warning. Read once per process, when "
         "the first expandable segment maps memory: set it before that. Only matters with "
         "expandable_segments:True."
     ),
