@@ -20,7 +20,6 @@ import pytest
 
 from allocconf_widget.core.memory.recording import read_sidecar
 from allocconf_widget.core.memory.snapshot import load_snapshot
-from allocconf_widget.core.sim.sidecar_check import check_sidecar
 from allocconf_widget.core.sim.trace import extract_trace
 from tests.recordings import DATA
 
@@ -56,6 +55,8 @@ def _pair(tmp_path: Path, changes: dict[str, Any]) -> Path:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_fact_the_trace_contradicts_is_ignored_and_named(tmp_path: Path, case: str) -> None:
+    from allocconf_widget.core.sim.sidecar_check import check_sidecar
+
     changes, key, _ = CASES[case]
     path = _pair(tmp_path, changes)
     snapshot = load_snapshot(path)
@@ -71,6 +72,8 @@ def test_the_fact_the_trace_contradicts_is_ignored_and_named(tmp_path: Path, cas
 
 
 def test_the_real_sidecar_is_kept_whole(tmp_path: Path) -> None:
+    from allocconf_widget.core.sim.sidecar_check import check_sidecar
+
     path = _pair(tmp_path, {})
     snapshot = load_snapshot(path)
     checked = check_sidecar(read_sidecar(path), extract_trace(snapshot), snapshot)
