@@ -1,10 +1,10 @@
 """Text from a file is shown as one line, escaped, wherever it is shown; ``--json`` keeps it exact.
 
-A shared dry-run file whose GPU name held a newline added a line of the file's choosing to
-``allocconf simulate``'s report (here a fake verdict). The same class: the snapshot's path, its
-sidecar's name, a trace action, an allocator setting, a pool's segment type, a rank record's
-host and note. Each case below puts ``FORGED`` after a newline (and an escape sequence) in one of
-them and checks that no line of the output starts with it.
+A newline in a shared dry-run file's GPU name must not add a line of the file's choosing to
+``allocconf simulate``'s report (here a fake verdict); nor may the snapshot's path, its sidecar's
+name, a trace action, an allocator setting or a rank record's host and note. Each case below puts
+``FORGED`` after a newline (and an escape sequence) in one of them and checks that no line of
+the output starts with it.
 """
 
 from __future__ import annotations

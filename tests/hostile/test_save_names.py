@@ -1,9 +1,9 @@
 """``run.save(name)`` with a name no file system takes: the package's error with a fix, nothing written.
 
 A NUL character (Python's ``ValueError: embedded null byte``) and a name longer than the file
-system's limit (``OSError: [Errno 36] File name too long``) reached the user raw, though the
-docstring promises :class:`SnapshotError`. A name just within the limit must still save: the
-temporary file a save writes first had a name 18 bytes longer than the one given.
+system's limit (``OSError: [Errno 36] File name too long``) must reach the user as the
+:class:`SnapshotError` the docstring promises. A name just within the limit must still save,
+though the temporary file a save writes first has a longer name than the one given.
 """
 
 from __future__ import annotations

@@ -644,7 +644,7 @@ def test_simulate_ranks_the_staged_draft_as_the_tab_does(ip, capsys):
 
 @pytest.mark.parametrize("sep", [":", "="])
 def test_set_quotes_a_bad_value_as_it_was_typed(ip, sep):
-    """``%allocconf set max_split_size_mb:-5`` was answered "max_split_size_mb=-5 is negative"."""
+    """A bad value is quoted with the separator typed; the fix example keeps it too."""
     with pytest.raises(UsageError) as info:
         ip.run_line_magic("allocconf", f"set max_split_size_mb{sep}-5")
     assert str(info.value).startswith(f"max_split_size_mb{sep}-5 is negative")

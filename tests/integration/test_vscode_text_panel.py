@@ -2,9 +2,9 @@
 
 VS Code cannot run on this machine: these kernels are real, and only VS Code's markers are
 faked, the ones its notebooks give a kernel (``VSCODE_PID`` / ``VSCODE_CWD`` in the
-environment, ``__vsc_ipynb_file__`` in the namespace where the kernel runs remotely). Before,
-such a kernel got the widget panel, which VS Code draws as nothing (ipywidgets 8.1.9) or
-hangs on (7.7).
+environment, ``__vsc_ipynb_file__`` in the namespace where the kernel runs remotely). VS Code
+draws the widget panel as nothing (ipywidgets 8.1.9) or hangs on it (7.7), so no widget may be
+displayed there.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Python 3.14's argparse suggests a close choice itself when a parser has ``suggest_on_error``
 (off by default in 3.14, on in 3.15): "invalid choice: 'sett', maybe you meant 'set'? (choose
-from …)". Our own "did you mean set?" came on top of it. This machine has no 3.14, so the
+from …)". Ours ("did you mean set?") must then not be added. This machine has no 3.14, so the
 argparse message is written here as 3.14's ``_check_value`` words it; the end-to-end checks run
 on whichever Python runs the suite and expect exactly one suggestion in either wording.
 """

@@ -51,7 +51,7 @@ def test_the_advice_is_to_raise_the_reserve_not_to_fight_fragmentation() -> None
     assert advice[0].conf_change == "expandable_segments_reserve:29G"
     assert "28.00 GiB" in advice[0].reason and "6.99 GiB" in advice[0].reason
     rules = {a.rule for a in advice}
-    # 6.62 GiB cached and expandable segments on: the rules read that as fragmentation before
+    # 6.62 GiB cached and expandable segments on: no rule may read that as fragmentation
     assert not rules & {"expandable_already_on", "no_allocator_fix", "expandable_segments"}
     assert parse_conf(advice[0].conf_change, "2.15", warn=False)  # a setting torch 2.15 takes
 
