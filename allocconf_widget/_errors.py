@@ -25,6 +25,13 @@ def printable(text: str, limit: int = _MAX_MESSAGE, *, newlines: bool = True) ->
                    if ord(c) < 256 else f"\\u{ord(c):04x}" for c in text)
 
 
+def one_line(text: str, limit: int = _MAX_MESSAGE) -> str:
+    """``text`` from a file or a user's argument, shown as exactly one line: every newline and
+    other line break, escape sequence and control character escaped (:func:`printable`), so a
+    file's GPU name or path cannot add a line of its choosing to a report."""
+    return printable(text, limit, newlines=False)
+
+
 
 class AllocConfError(ValueError):
     """A configuration string (or a value for one option) that torch would reject or misread.

@@ -1,7 +1,9 @@
 """Which front end runs this kernel, and how to restart it there.
 
 Detection follows docs/internals/notebook_facts.md §9: Colab by ``google.colab`` in ``sys.modules``
-(or its env vars), VS Code by ``VSCODE_PID``/``VSCODE_CWD``, a Jupyter server by
+(or its env vars), VS Code by ``VSCODE_PID``/``VSCODE_CWD`` or the ``__vsc_ipynb_file__`` its
+notebooks put in the user namespace (also where the kernel runs in WSL or a container, which
+lack the variables), a Jupyter server by
 ``JPY_SESSION_NAME``/``JPY_PARENT_PID`` with a ZMQ shell, terminal IPython by
 its shell class. JupyterLab and Notebook 7 cannot be told apart from the kernel
 (one server serves both), and need not be: both restart through the server.
@@ -45,13 +47,26 @@ class Frontend(enum.Enum):
 
     @property
     def shows_widgets(self) -> bool:
-        """Whether output goes to a page that draws ipywidgets (a notebook front end).
+        """Whether output goes to a page that draws this package's ipywidgets.
 
         A terminal or a plain interpreter shows a widget as its repr, so the views print text
-        there instead of building widgets. A headless runner (nbclient, papermill) counts as a
+        there instead of building widgets. So do VS Code's notebooks, which do not draw them
+        (:attr:`why_no_widgets`). A headless runner (nbclient, papermill) counts as a
         notebook: it saves the widget state into the notebook it writes.
         """
-        return self not in (Frontend.TERMINAL, Frontend.PLAIN)
+        return self not in (Frontend.TERMINAL, Frontend.PLAIN, Frontend.VSCODE)
+
+    @property
+    def why_no_widgets(self) -> str | None:
+        """One line saying why this front end gets text in place of the widgets (None where
+        it shows them)."""
+        if self is Frontend.VSCODE:
+            return ("No widgets in VS Code's notebooks: there ipywidgets 8.1.9 draws nothing "
+                    "(microsoft/vscode-jupyter#17504) and 7.7 hangs (#17231); JupyterLab, Jupyter "
+                    "Notebook and Colab show the panel")
+        if not self.shows_widgets:
+            return "No widgets in a terminal"
+        return None
 
 
 def detect_frontend(environ: dict[str, str] | None = None, modules: Any = None) -> Frontend:
@@ -65,6 +80,8 @@ def detect_frontend(environ: dict[str, str] | None = None, modules: Any = None) 
     shell = _shell(mods)
     if shell is None:
         return Frontend.PLAIN
+    if "__vsc_ipynb_file__" in (getattr(shell, "user_ns", None) or {}):
+        return Frontend.VSCODE
     if type(shell).__name__ == "TerminalInteractiveShell":
         return Frontend.TERMINAL
     if "JPY_SESSION_NAME" in env:

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
+import re
 import secrets
 import socket
 import stat
@@ -224,6 +226,7 @@ class RankReporter:
         self._lock = threading.Lock()
         self._oom_listening = False
         self._atexit = False
+        self._exit_code: _ExitCodeWatch | None = None
         self._final: str | None = None  # the status close() wrote; a later close() does nothing
 
     # -- lifecycle
@@ -245,6 +248,7 @@ class RankReporter:
                 from multiprocessing import util
 
                 util.Finalize(self, self._close_at_exit, exitpriority=100)
+                self._exit_code = _watch_exit_code()
                 self._atexit = True
         # the first record here, not by the thread: the rank is on the board once this returns
         # (the thread's first write lagged the caller's next step on a busy machine)
@@ -269,9 +273,14 @@ class RankReporter:
             torch_private.remove_oom_listener(self._on_oom)
 
     def _close_at_exit(self) -> None:
-        """At exit: "failed" when an exception is ending the process, else "finished"."""
-        self.close(ending_status(sys.exc_info()[1] or getattr(sys, "last_exc", None)
-                                 or getattr(sys, "last_value", None)))
+        """At exit: "failed" when an exception is ending the process (or a multiprocessing
+        child's bootstrap said it exits with a code other than 0), else "finished"."""
+        status = ending_status(sys.exc_info()[1] or getattr(sys, "last_exc", None)
+                               or getattr(sys, "last_value", None))
+        watch = self._exit_code
+        if status == "finished" and watch is not None and watch.code not in (None, 0):
+            status = "failed"
+        self.close(status)
 
     def __enter__(self) -> RankReporter:
         return self.start()
@@ -348,6 +357,47 @@ class RankReporter:
         figures = self._figures(torch, device) if torch is not None else None
         self._oom = RankOom(device, int(alloc), int(limit), int(free), time.time(), figures)
         self._write()
+
+
+class _ExitCodeWatch(logging.Handler):
+    """The exit code a multiprocessing child's bootstrap logs ("process exiting with exitcode
+    N", at INFO) before the process ends.
+
+    Up to Python 3.12 the child runs its finalizers while the target's exception still
+    propagates, so the exception itself says the rank failed. From 3.13 they run at exit,
+    after the bootstrap handled it: this line is then what is left to tell a rank that died
+    of an exception (exit code 1) from one that finished.
+    """
+
+    _LINE = re.compile(r"process exiting with exitcode (-?\d+)")
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.code: int | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        match = self._LINE.fullmatch(record.getMessage())
+        if match is not None:
+            self.code = int(match.group(1))
+
+
+def _watch_exit_code() -> _ExitCodeWatch | None:
+    """Watch for the bootstrap's exit code in a multiprocessing child (None elsewhere). Where
+    nobody set multiprocessing's logger up, it is set to INFO with this watch as its only
+    handler (it does not propagate, so nothing is printed); a logger set up by the program is
+    left at its level."""
+    import multiprocessing
+    from multiprocessing import util
+
+    if multiprocessing.parent_process() is None:
+        return None
+    logger = util.get_logger()
+    untouched = not logger.handlers and logger.level == logging.NOTSET
+    watch = _ExitCodeWatch()
+    logger.addHandler(watch)
+    if untouched:
+        logger.setLevel(logging.INFO)
+    return watch
 
 
 def ending_status(exc: BaseException | None) -> str:

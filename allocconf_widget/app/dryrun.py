@@ -168,17 +168,20 @@ class DryRunResult:
         opens it) and a JSON sidecar with the GPU's memory and the torch release.
 
         Raises:
-            SnapshotError: the file cannot be written.
+            SnapshotError: the file cannot be written (a name with a NUL character or longer
+                than the file system allows among them): the message says why and what to
+                give instead, and nothing was written.
         """
-        from allocconf_widget._errors import SnapshotError
+        from allocconf_widget._errors import SnapshotError, printable
         from allocconf_widget.core.memory.snapshot import save_snapshot
         from allocconf_widget.core.untrusted import NotRegularFileError
 
         target = Path(path)
+        shown = printable(str(path), 120, newlines=False)
         try:  # both paths before either file: a bad sidecar path replaced the pickle, then failed
             sidecar = check_save_targets(target)
         except NotRegularFileError as exc:
-            raise SnapshotError(f"cannot save the dry run as {target}: {exc}") from None
+            raise SnapshotError(f"cannot save the dry run as {shown}: {exc}") from None
         save_snapshot(self.snapshot(), target)  # type: ignore[arg-type]
         meta = {"workload": "dry run", "description": f"a {LABEL} for {self.gpu.name}",
                 "torch": self.trace.torch_version, "device_name": self.gpu.name,
@@ -190,7 +193,8 @@ class DryRunResult:
         try:  # as the snapshot is written: a link replaced, a FIFO or device refused
             replace_file_atomically(sidecar, json.dumps(meta, indent=1).encode("utf-8"))
         except OSError as exc:
-            raise SnapshotError(f"wrote {target} but not its sidecar {sidecar}: {exc}") from exc
+            raise SnapshotError(f"wrote {shown} but not its sidecar "
+                                f"{printable(str(sidecar), 120, newlines=False)}: {exc}") from exc
         return target
 
     def predict(self, conf: str | AllocConf = "", gpu: str | GpuProfile | None = None) -> Prediction:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from allocconf_widget._errors import SnapshotError
+from allocconf_widget._errors import SnapshotError, one_line
 from allocconf_widget.core.memory.metrics import DeviceMetrics, metrics_json, snapshot_metrics
 from allocconf_widget.core.memory.snapshot import Snapshot, large_snapshot_note, load_snapshot
 
@@ -45,7 +45,7 @@ def build_report(snapshot: Snapshot, *, source: str, label: str, device: int | N
         raise SnapshotError(f"device {device}: GPU indices start at 0")
     if device is not None and device not in with_segments:
         listed = ", ".join(map(str, with_segments)) or "none"
-        raise SnapshotError(f"device {device} has no segments in {label} "
+        raise SnapshotError(f"device {device} has no segments in {one_line(label, 300)} "
                             f"(devices with segments: {listed}); pick one of those")
     per_device = snapshot_metrics(snapshot, device, include_segments=include_segments)
     return MemoryReport(source, label, snapshot, per_device, notes)

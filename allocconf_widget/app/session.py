@@ -383,15 +383,17 @@ class Session:
         self._notify()
         return conf
 
-    def update(self, options: dict[str, str | None], base: AllocConf | None = None) -> AllocConf:
+    def update(self, options: dict[str, str | None], base: AllocConf | None = None, *,
+               typed_with: dict[str, str] | None = None) -> AllocConf:
         """Stage ``base`` (default: the staged configuration) with options set (text) or unset (None).
 
         Each value is validated on its own (:meth:`AllocConf.with_changes`), so a
         value holding a comma cannot smuggle in another option, and a misspelled
-        name is an error with a suggestion even when unsetting.
+        name is an error with a suggestion even when unsetting. ``typed_with``: the
+        separator typed after each name (``=`` or ``:``), for messages.
         """
         with self.lock:
-            conf = (self.staged() if base is None else base).with_changes(options)
+            conf = (self.staged() if base is None else base).with_changes(options, typed_with=typed_with)
         return self.stage(conf)
 
     def discard(self) -> None:

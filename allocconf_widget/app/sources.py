@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from allocconf_widget._errors import AllocConfError, SnapshotError, printable
+from allocconf_widget._errors import AllocConfError, SnapshotError, one_line, printable
 from allocconf_widget.core.sim.notes import Note, NoteKind
 from allocconf_widget.core.versions import TorchVersion, installed_torch_version, simulated_release
 
@@ -176,17 +176,24 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
     # every fact the sidecar holds counts unless its own option is given: giving the device's
     # size must not throw away the fraction the run had or the memory outside PyTorch
     sidecar = read_sidecar(path)
+    decoded = loaded.derived
+    if sidecar.facts is not None:  # facts the trace proves wrong are left out, each named
+        from allocconf_widget.core.sim.sidecar_check import check_sidecar
+
+        decoded = decoded if decoded is not None else _decoded_or_none(snapshot, device)
+        sidecar = check_sidecar(sidecar, decoded, snapshot)
     known = sidecar.facts
-    if sidecar.problem:
-        notes.append(sidecar.problem)
+    notes.extend(sidecar.notes)
     fraction = None
     if known is not None:
         used = []
-        if device_total is None:
+        if known.device_total_bytes is None:
+            pass  # ignored above, with a note
+        elif device_total is None:
             device_total = known.device_total_bytes
-            used.append(f"device capacity {format_bytes(device_total or 0)} (--device-total)")
+            used.append(f"device capacity {format_bytes(device_total)} (--device-total)")
         elif device_total != known.device_total_bytes:
-            notes.append(f"the recording's sidecar {known.path.name} says the device had "
+            notes.append(f"the recording's sidecar {one_line(known.path.name, 120)} says the device had "
                          f"{format_bytes(known.device_total_bytes or 0)}; replayed with "
                          f"--device-total {format_bytes(device_total)}")
         if non_pytorch_bytes is None and known.non_pytorch_bytes is not None:
@@ -205,24 +212,35 @@ def file_source(path: str, *, torch_version: TorchVersion | None = None,
         if torch_version is None and known.torch_version:
             torch_version = recorded_release(known.torch_version)
             if torch_version is not None:
-                used.append(f"torch {printable(known.torch_version, 40)} (--torch-version)")
+                used.append(f"torch {one_line(known.torch_version, 40)} (--torch-version)")
         if used:
-            notes.append(f"from the recording's sidecar {known.path.name}: {', '.join(used)}; "
-                         "the option in brackets overrides it")
-    label = printable(path, 300)  # a name with an escape sequence must not reach a terminal raw
+            notes.append(f"from the recording's sidecar {one_line(known.path.name, 120)}: "
+                         f"{', '.join(used)}; the option in brackets overrides it")
+    label = one_line(path, 300)  # a name with a newline or an escape must not shape a report
     from allocconf_widget.core.dryrun.facts import GAPS, LABEL, SNAPSHOT_MARK
 
     mark = snapshot.get(SNAPSHOT_MARK)
     if isinstance(mark, dict):  # written by app/dryrun: an estimate, named as the session names it
         gpu = mark.get("gpu_name")
-        on = f" of a step on {printable(gpu, 60)}" if isinstance(gpu, str) and gpu else ""
+        on = f" of a step on {one_line(gpu, 60)}" if isinstance(gpu, str) and gpu else ""
         label = f"{label} (a {LABEL}{on})"
     typed = tuple(Note(NoteKind.SOURCE, n) for n in notes)
     if isinstance(mark, dict):
         typed += tuple(Note(NoteKind.ESTIMATE, gap) for gap in GAPS)
     return TraceSource(snapshot, label, torch_version, device_total, non_pytorch_bytes, device,
-                       typed, fraction=fraction, limit_known=known is not None,
-                       decoded=loaded.derived, estimate=isinstance(mark, dict))
+                       typed, fraction=fraction, limit_known=known is not None and known.limit_known,
+                       decoded=decoded, estimate=isinstance(mark, dict))
+
+
+def _decoded_or_none(snapshot: Mapping[str, Any], device: int | None) -> Trace | None:
+    """The trace of ``device`` decoded here (the load could not do it beside its checks), or
+    None where it cannot be: the replay then meets the error, worded as always."""
+    from allocconf_widget.core.sim.trace.extract import extract_trace
+
+    try:
+        return extract_trace(snapshot, device)
+    except SnapshotError:
+        return None
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from allocconf_widget._errors import SnapshotError
+from allocconf_widget._errors import SnapshotError, printable
 from allocconf_widget.core.units import MIB
 
 SIZE_VARIABLE = "ALLOCCONF_MAX_SNAPSHOT_MIB"
@@ -287,8 +287,9 @@ def check_write_target(target: str | os.PathLike[str]) -> int | None:
     name = os.fspath(target)
     if not name.strip():
         raise NotRegularFileError(errno.ENOENT, "the file name is empty; give a path such as step.pickle")
+    _check_name(name)
     path = Path(name)
-    if not path.parent.is_dir():
+    if not _is_dir(path.parent):
         raise NotRegularFileError(errno.ENOENT, f"the folder {os.fspath(path.parent)!r} does not "
                                   f"exist; create it, or save {path.name!r} elsewhere")
     folder = os.path.realpath(path.parent)
@@ -299,6 +300,10 @@ def check_write_target(target: str | os.PathLike[str]) -> int | None:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
         return None
+    except OSError as exc:  # too long for this file system, a loop, no permission to look
+        raise NotRegularFileError(exc.errno, f"{_shown(name)} cannot be written: "
+                                  f"{exc.strerror or exc}; nothing was written (choose another "
+                                  "name, such as step.pickle)") from None
     if stat.S_ISLNK(mode):
         try:
             leads_to = path.stat().st_mode
@@ -314,6 +319,69 @@ def check_write_target(target: str | os.PathLike[str]) -> int | None:
         raise NotRegularFileError(errno.EEXIST, f"{name!r} is {kind}, not a regular "
                                   "file; nothing was written (choose a file name)")
     return mode
+
+
+#: a name's and a path's length where the file system does not say (Linux's NAME_MAX and
+#: PATH_MAX, the latter counting the final NUL)
+_NAME_MAX = 255
+_PATH_MAX = 4096
+#: the length of the temporary name a write adds to the file's name (:func:`_temporary_name`)
+_TEMPORARY_EXTRA = len(".") + 12 + len("..tmp")
+
+
+def _shown(name: str) -> str:
+    """A name in a message: quoted, on one line, escaped, cut."""
+    return f"'{printable(name, 80, newlines=False)}'"
+
+
+def _check_name(name: str) -> None:
+    """Refuse a name no file system takes: a NUL character, or a part longer than the folder's
+    file system allows (its ``NAME_MAX``, counted in bytes as the file system counts them)."""
+    if "\0" in name:
+        raise NotRegularFileError(errno.EINVAL, f"the file name {_shown(name)} contains a NUL "
+                                  "character, which no file system allows; nothing was written "
+                                  "(give a name such as step.pickle)")
+    parts = [part for part in Path(name).parts if part not in ("/", "")]
+    folder = Path(name).parent
+    limit = _path_limit(folder, "PC_NAME_MAX", _NAME_MAX)
+    for part in parts:
+        size = len(os.fsencode(part))
+        if size > limit:
+            raise NotRegularFileError(errno.ENAMETOOLONG, (
+                f"the name {_shown(part)} is {size} bytes long; this file system allows "
+                f"{limit} per name; nothing was written (choose a shorter name, such as "
+                "step.pickle)"))
+    size, limit = len(os.fsencode(name)), _path_limit(folder, "PC_PATH_MAX", _PATH_MAX)
+    if size >= limit:
+        raise NotRegularFileError(errno.ENAMETOOLONG, (
+            f"the path {_shown(name)} is {size} bytes long; this system allows paths shorter "
+            f"than {limit}; nothing was written (save in a folder nearer the top, such as "
+            "step.pickle here)"))
+
+
+def _path_limit(folder: Path, which: str, default: int) -> int:
+    """``os.pathconf`` of ``folder`` (of the working folder where it does not exist yet)."""
+    try:
+        return os.pathconf(folder if _is_dir(folder) else ".", which)
+    except (OSError, ValueError, AttributeError):  # not POSIX, or the folder says nothing
+        return default
+
+
+def _is_dir(path: Path) -> bool:
+    """``path.is_dir()``, False where the path cannot even be looked at (too long, no access)."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
+def _temporary_name(path: Path) -> str:
+    """The name a write goes to before it is renamed over ``path``: beside it, hidden, and
+    never longer than the longest name the folder takes, however long ``path``'s is."""
+    stem = path.name
+    if len(os.fsencode(stem)) + _TEMPORARY_EXTRA > _NAME_MAX:
+        stem = "allocconf"
+    return str(path.parent / f".{stem}.{secrets.token_hex(6)}.tmp")
 
 
 def check_companion_target(target: str | os.PathLike[str], *, is_ours: Callable[[bytes], bool],
@@ -372,7 +440,7 @@ def replace_file_atomically(target: str | os.PathLike[str], payload: bytes) -> N
     # exports from the user's other tools; a fixed 0644 ignored a umask of 077); a file
     # replaced keeps its permissions
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    tmp = str(path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp")
+    tmp = _temporary_name(path)
     fd = os.open(tmp, flags, 0o666)
     try:
         if mode is not None and stat.S_ISREG(mode):

@@ -36,6 +36,21 @@ def test_check_invalid_exits_2_with_the_fix():
     assert "Fix: write max_split_size_mb:128" in out.stderr
 
 
+@pytest.mark.parametrize(("version", "says"), [
+    ("2.15", "without IPC handles: a CUDA tensor in one cannot be sent to another process"),
+    ("2.9", "not read by torch 2.9")])
+def test_check_env_says_what_the_expandable_segments_ipc_variable_does(version, says):
+    env = {"TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC": "0"}
+    out = cli("check", "--env", "--torch-version", version, env=env)
+    assert out.returncode == 0
+    prefix = "TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC='0': "
+    line = next(x for x in out.stdout.splitlines() if x.startswith(prefix))
+    assert says in line
+    doc = json.loads(cli("check", "--env", "--json", "--torch-version", version, env=env).stdout)
+    assert doc["related"][0]["name"] == "TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC"
+    assert says in doc["related"][0]["meaning"]
+
+
 def test_check_json_both_ways():
     ok = json.loads(cli("check", "expandable_segments:True", "--json", "--torch-version", "2.9").stdout)
     assert ok == {"valid": True, "conf": "expandable_segments:True", "torch_version": "2.9",

@@ -24,6 +24,7 @@ from tests.torch_versions import (
     OPT_SET,
     OPT_VALUES,
     READ_VAR,
+    TORCH,
     TORCH_TEXT,
     needs_torch,
     offered,
@@ -167,6 +168,19 @@ def test_show_reports_state_requested_and_saved(ip, capsys):
         assert "not readable yet" not in out
     else:  # torch not imported yet, or a CUDA build without a GPU here
         assert "Effective: not readable yet" in out
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    ("0", "without IPC handles"), ("1", "can be sent to other processes"),
+    ("yes", "Ignoring invalid value for boolean flag")])
+def test_show_says_what_the_expandable_segments_ipc_variable_does(ip, capsys, monkeypatch, value, says):
+    monkeypatch.setenv("TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC", value)
+    _, out = magic(ip, "show", capsys)
+    line = next(x for x in out.splitlines() if "TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC" in x)
+    if TORCH is not None and TORCH < (2, 10):  # this torch does not read it
+        assert "not read by torch" in line
+    else:
+        assert says in line
 
 
 def test_show_on_a_cpu_build_says_no_allocator_reads_the_settings(ip, capsys):
@@ -626,3 +640,13 @@ def test_simulate_ranks_the_staged_draft_as_the_tab_does(ip, capsys):
     capsys.readouterr()
     ip.run_line_magic("allocconf", "simulate --demo")
     assert "roundup_power2_divisions:2 [staged draft]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("sep", [":", "="])
+def test_set_quotes_a_bad_value_as_it_was_typed(ip, sep):
+    """A bad value is quoted with the separator typed; the fix example keeps it too."""
+    with pytest.raises(UsageError) as info:
+        ip.run_line_magic("allocconf", f"set max_split_size_mb{sep}-5")
+    assert str(info.value).startswith(f"max_split_size_mb{sep}-5 is negative")
+    with pytest.raises(UsageError, match=f"give it once, e.g. max_split_size_mb{sep}512"):
+        ip.run_line_magic("allocconf", f"set max_split_size_mb{sep}256 max_split_size_mb{sep}512")

@@ -19,9 +19,9 @@ def parses(monkeypatch):
     calls: list[str] = []
     real = conf_module._parse_text
 
-    def counting(text, version):
+    def counting(text, version, *rest):
         calls.append(text)
-        return real(text, version)
+        return real(text, version, *rest)
 
     monkeypatch.setattr(conf_module, "_parse_text", counting)
     monkeypatch.setattr(conf_module, "_PARSED", {})
@@ -85,9 +85,9 @@ def parse_calls(monkeypatch):
     calls: list[str] = []
     real = conf_module._parse
 
-    def counting(text, version):
+    def counting(text, *args):
         calls.append(text)
-        return real(text, version)
+        return real(text, *args)
 
     monkeypatch.setattr(conf_module, "_parse", counting)
     return calls

@@ -276,7 +276,8 @@ def test_hip_backend_only_on_rocm_builds():
 
 def test_expandable_segments_reserve_forms():
     assert quiet("expandable_segments_reserve:40g", "2.15").get("expandable_segments_reserve") == "40G"
-    assert "neither a fraction" in str(error_of("expandable_segments_reserve:1.5", "2.15"))
+    assert quiet("expandable_segments_reserve:1.5", "2.15").get("expandable_segments_reserve") == "1.5"
+    assert "neither a fraction" in str(error_of("expandable_segments_reserve:1.5GiB", "2.15"))
     conf = quiet("expandable_segments_reserve_by_class:[weights:0.25,kv:8G]", "2.15")
     assert conf.to_string() == "expandable_segments_reserve_by_class:[weights:0.25,kv:8G]"
 

@@ -41,7 +41,8 @@ def test_every_suggested_value_is_accepted(spec, release):
 def test_max_split_of_one_and_a_half_is_not_told_to_use_one():
     with pytest.raises(AllocConfError) as info:
         parse_conf("max_split_size_mb:1.5", "2.13", warn=False)
-    assert "max_split_size_mb:1" not in str(info.value)
+    assert info.value.reason.startswith("max_split_size_mb:1.5 ")  # quoted as typed
+    assert "max_split_size_mb:1" not in (info.value.fix or "")
     assert "20 or more" in str(info.value)
 
 

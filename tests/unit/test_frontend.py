@@ -125,8 +125,45 @@ def test_download_links_point_at_the_servers_files_url(monkeypatch, tmp_path):
     assert colab.url is None and "download not started" in (colab.note or "")
 
 
-def test_only_notebook_front_ends_show_widgets():
-    """The views ask this one property (not a tuple of front ends) before building widgets."""
-    assert {f for f in Frontend if not f.shows_widgets} == {Frontend.TERMINAL, Frontend.PLAIN}
+def test_only_front_ends_that_draw_them_show_widgets():
+    """The views ask this one property (not a tuple of front ends) before building widgets;
+    VS Code's notebooks do not draw them."""
+    assert {f for f in Frontend if not f.shows_widgets} == {Frontend.TERMINAL, Frontend.PLAIN,
+                                                            Frontend.VSCODE}
     assert detect_frontend({}, modules={}).shows_widgets is False  # plain Python: text only
 
+
+
+class _Shell:
+    """A kernel's shell as VS Code's notebooks leave it: the notebook's path in the namespace."""
+
+    kernel = object()
+
+    def __init__(self, user_ns: dict[str, object]) -> None:
+        self.user_ns = user_ns
+
+
+class _IPython:
+    def __init__(self, shell: _Shell) -> None:
+        self.shell = shell
+
+    def get_ipython(self) -> _Shell:
+        return self.shell
+
+
+def test_detects_vscode_from_its_notebook_marker_without_its_variables():
+    """In WSL, over SSH or in a container the kernel has no VSCODE_PID; VS Code still puts
+    ``__vsc_ipynb_file__`` in the namespace (faked here: VS Code cannot run on this machine)."""
+    vscode = _IPython(_Shell({"__vsc_ipynb_file__": "/home/u/train.ipynb"}))
+    assert detect_frontend({"JPY_SESSION_NAME": "train.ipynb"}, {"IPython": vscode}) is Frontend.VSCODE
+    lab = _IPython(_Shell({}))
+    assert detect_frontend({"JPY_SESSION_NAME": "train.ipynb"}, {"IPython": lab}) is Frontend.JUPYTER
+
+
+def test_vscode_gets_text_with_a_one_line_reason():
+    assert not Frontend.VSCODE.shows_widgets
+    why = Frontend.VSCODE.why_no_widgets
+    assert why is not None and "\n" not in why
+    assert "VS Code" in why and "#17504" in why and "#17231" in why
+    assert Frontend.TERMINAL.why_no_widgets == "No widgets in a terminal"
+    assert Frontend.JUPYTER.why_no_widgets is None and Frontend.COLAB.shows_widgets

@@ -23,7 +23,6 @@ from allocconf_widget.core.config.values import (
     ROUNDUP_MAX_BAND,
     RoundupDivisions,
     check_bound,
-    check_class_name,
     check_kind_matches,
     parse_bool,
     parse_float,
@@ -137,16 +136,20 @@ class AllocConf:
         found = (*_version_warnings(version), *find_traps(dict(ordered), version))
         return AllocConf(ordered, version, tuple(found))
 
-    def with_changes(self, changes: Mapping[str, Any]) -> AllocConf:
+    def with_changes(self, changes: Mapping[str, Any], *,
+                     typed_with: Mapping[str, str] | None = None) -> AllocConf:
         """A copy with several options set (text or typed values) or unset (``None``), validated once.
 
         Each name is checked (with "did you mean") and each text value on its own first:
         a ``,`` or ``:`` outside brackets would otherwise splice further options into the
         rebuilt string. The result is parsed once, however many options change.
+        ``typed_with`` maps a name to the separator the user typed after it (the magic's
+        ``name=value``): a message about its value quotes it that way; ``:`` otherwise.
         """
         merged = dict(self.entries)
         problems: list[AllocConfError] = []  # every one, not the first: one retry fixes them all
         passed: dict[str, Any] = {}
+        seps: dict[str, str] = {}
         for name, value in changes.items():
             try:
                 canonical = check_option_name(name, self.torch_version)
@@ -160,10 +163,12 @@ class AllocConf:
                 continue
             merged[canonical] = value
             passed[canonical] = value
+            if typed_with and name in typed_with:
+                seps[canonical] = typed_with[name]
         first: AllocConfError | None = None
         if not problems:
             try:
-                return _reparse(merged, self.torch_version)
+                return _reparse(merged, self.torch_version, seps)
             except AllocConfError as exc:
                 # the position is in the rebuilt string, which the user never saw: drop it
                 first = (exc if exc.option not in changes or exc.position is None
@@ -173,7 +178,7 @@ class AllocConf:
         kept = {k: v for k, v in self.entries if k not in passed}
         for canonical, value in passed.items():
             try:
-                _reparse({**kept, canonical: value}, self.torch_version)
+                _reparse({**kept, canonical: value}, self.torch_version, seps)
             except AllocConfError as exc:
                 problems.append(AllocConfError(exc.reason, option=exc.option, fix=exc.fix))
         if first is not None and len(problems) <= 1:
@@ -285,9 +290,10 @@ def _version_warnings(version: TorchVersion) -> tuple[ConfWarning, ...]:
                         f"checking with the rules of torch {newest}"),)
 
 
-def _reparse(values: Mapping[str, Any], version: TorchVersion) -> AllocConf:
+def _reparse(values: Mapping[str, Any], version: TorchVersion,
+             seps: Mapping[str, str] | None = None) -> AllocConf:
     text = ",".join(f"{k}:{v if isinstance(v, str) else format_value(v)}" for k, v in values.items())
-    return _parse(text, version)
+    return _parse(text, version, seps)
 
 
 #: Parsed configurations by (text, release): an AllocConf is immutable, so the environment's
@@ -297,14 +303,14 @@ _PARSED_MAX = 64
 _MAX_CACHED_TEXT = 4096
 
 
-def _parse(text: str, version: TorchVersion) -> AllocConf:
+def _parse(text: str, version: TorchVersion, seps: Mapping[str, str] | None = None) -> AllocConf:
     if not isinstance(text, str):
         raise AllocConfError(f"expected a configuration string, got {type(text).__name__}")
     key = (text, version.key, version.build)
     cached = _PARSED.get(key)
     if cached is not None:
         return cached
-    conf = _parse_text(text, version)
+    conf = _parse_text(text, version, seps or {})
     if len(text) <= _MAX_CACHED_TEXT:
         if len(_PARSED) >= _PARSED_MAX:
             _PARSED.pop(next(iter(_PARSED)))
@@ -312,10 +318,11 @@ def _parse(text: str, version: TorchVersion) -> AllocConf:
     return conf
 
 
-def _parse_text(text: str, version: TorchVersion) -> AllocConf:
-    """The parser proper (torch's grammar and bounds for ``version``); see :func:`parse_conf`."""
+def _parse_text(text: str, version: TorchVersion, seps: Mapping[str, str]) -> AllocConf:
+    """The parser proper (torch's grammar and bounds for ``version``); see :func:`parse_conf`.
+    ``seps``: the separator typed after each option where it was not ``:``, for messages."""
     raw = _split_items(tokenize(text, version), text)
-    large_segment = _large_segment_mb(raw, version)
+    large_segment = _large_segment_mb(raw, version, seps)
     values: dict[str, Value] = {}
     seen: dict[str, int] = {}
     found: list[ConfWarning] = list(_version_warnings(version))
@@ -327,7 +334,7 @@ def _parse_text(text: str, version: TorchVersion) -> AllocConf:
                 f"{spec.name} is given twice (characters {seen[spec.name]} and {key_tok.pos}); "
                 "torch uses the last one"))
         seen[spec.name] = key_tok.pos
-        values[spec.name] = _value(spec, value_toks, version, large_segment)
+        values[spec.name] = _value(spec, value_toks, version, large_segment, seps.get(spec.name, ":"))
     ordered = tuple(sorted(values.items(), key=lambda kv: opt.canonical_index(kv[0])))
     conf = AllocConf(ordered, version)
     found.extend(find_traps(conf.as_dict(), version))
@@ -448,7 +455,8 @@ def _suggest(name: str, version: TorchVersion) -> str:
     return f"options torch {version} knows: {', '.join(names)}"
 
 
-def _large_segment_mb(raw: list[tuple[Token, list[Token]]], version: TorchVersion) -> int:
+def _large_segment_mb(raw: list[tuple[Token, list[Token]]], version: TorchVersion,
+                      seps: Mapping[str, str]) -> int:
     """torch 2.11+ parses large_segment_size_mb first; other bounds depend on it."""
     spec = opt.spec_for("large_segment_size_mb")
     assert spec is not None
@@ -456,31 +464,34 @@ def _large_segment_mb(raw: list[tuple[Token, list[Token]]], version: TorchVersio
     if spec.exists_in(version):
         for key, toks in raw:
             if key.text == spec.name and len(toks) == 1:
-                value = int(_value(spec, toks, version, 20))  # type: ignore[arg-type]
+                value = int(_value(spec, toks, version, 20, seps.get(spec.name, ":")))  # type: ignore[arg-type]
     return value
 
 
 def _value(spec: opt.OptionSpec, toks: list[Token], version: TorchVersion,
-           large_segment: int) -> Value:
+           large_segment: int, sep: str = ":") -> Value:
+    """The value of one option; ``sep`` is how the user wrote it (``:``, or the magic's ``=``),
+    so a message quotes it as typed."""
     try:
         check_kind_matches(spec, toks[0].text == "[")
         if spec.kind is opt.Kind.ROUNDUP:
-            return _roundup(spec, toks, version)
+            return _roundup(spec, toks, version, sep)
         if spec.kind is opt.Kind.RESERVE_BY_CLASS:
-            return _reserve_by_class(spec, toks)
+            return _reserve_by_class(spec, toks, sep)
         text = toks[0].text
         if spec.kind is opt.Kind.BOOL:
             return parse_bool(spec.name, text)
         if spec.kind is opt.Kind.BACKEND:
             return _backend(spec, text, version)
         if spec.kind is opt.Kind.RESERVE:
-            return parse_reserve(spec.name, text)
+            return parse_reserve(spec.name, text, sep=sep)
         if spec.kind is opt.Kind.FRACTION:
-            number = parse_float(spec.name, text)
-            check_bound(spec, number, version)
+            number = parse_float(spec.name, text, sep=sep)
+            check_bound(spec, number, version, sep=sep)
             return number
-        integer = parse_unsigned(spec.name, text, version, _bound_fix(spec, version, large_segment))
-        check_bound(spec, integer, version, large_segment)
+        integer = parse_unsigned(spec.name, text, version, _bound_fix(spec, version, large_segment),
+                                 sep=sep)
+        check_bound(spec, integer, version, large_segment, sep=sep)
         return integer
     except AllocConfError as exc:
         if exc.position is None:
@@ -531,10 +542,11 @@ def _list_pairs(spec: opt.OptionSpec, toks: list[Token]) -> list[tuple[Token, To
     return pairs
 
 
-def _roundup(spec: opt.OptionSpec, toks: list[Token], version: TorchVersion) -> RoundupDivisions:
+def _roundup(spec: opt.OptionSpec, toks: list[Token], version: TorchVersion,
+             sep: str = ":") -> RoundupDivisions:
     if toks[0].text != "[":
-        value = parse_unsigned(spec.name, toks[0].text, version, _bound_fix(spec, version))
-        check_bound(spec, value, version)
+        value = parse_unsigned(spec.name, toks[0].text, version, _bound_fix(spec, version), sep=sep)
+        check_bound(spec, value, version, sep=sep)
         return RoundupDivisions(uniform=value)
     if version.schema_key < (2, 0):
         raise AllocConfError(f"the list form of {spec.name} needs torch 2.0 or newer",
@@ -597,9 +609,30 @@ def _band_divisions(spec: opt.OptionSpec, tok: Token, version: TorchVersion) -> 
     return value
 
 
-def _reserve_by_class(spec: opt.OptionSpec, toks: list[Token]) -> tuple[tuple[str, str], ...]:
-    pairs = []
-    for name_tok, value_tok in _list_pairs(spec, toks):
-        name = check_class_name(spec.name, name_tok.text)
-        pairs.append((name, parse_reserve(spec.name, value_tok.text)))
+def _reserve_by_class(spec: opt.OptionSpec, toks: list[Token], sep: str = ":") -> tuple[tuple[str, str], ...]:
+    """``[name:reserve,...]`` as torch 2.15 reads it: any word names a class (``serve-v2``), a
+    trailing comma is allowed, ``[]`` sets no class; each reserve as
+    :func:`~.values.parse_reserve` reads it (torch skips a bad one with a warning: refused)."""
+    inner = toks[1:-1]
+    pairs: list[tuple[str, str]] = []
+    i = 0
+    while i < len(inner):
+        group = inner[i:i + 3]
+        if len(group) < 3 or not (group[0].is_word and group[1].text == ":" and group[2].is_word):
+            where = group[min(len(group) - 1, 1)].pos if group else toks[-1].pos
+            raise AllocConfError(f"malformed list for {spec.name}", option=spec.name, position=where,
+                                 fix=f"write {spec.name}:[name:0.5,other:40G]")
+        try:
+            reserve = parse_reserve(spec.name, group[2].text, sep=sep)
+        except AllocConfError as exc:
+            raise AllocConfError(f"class {group[0].text!r}: {exc.reason}", option=spec.name,
+                                 position=group[2].pos, fix=exc.fix) from None
+        pairs.append((group[0].text, reserve))
+        i += 3
+        if i < len(inner):
+            if inner[i].text != ",":
+                raise AllocConfError(f"malformed list for {spec.name}: expected ',' after the "
+                                     f"reserve of {group[0].text!r}", option=spec.name,
+                                     position=inner[i].pos, fix=f"write {spec.name}:[name:0.5,other:40G]")
+            i += 1
     return tuple(pairs)

@@ -26,6 +26,60 @@ ALLOC_VAR = "PYTORCH_ALLOC_CONF"
 ALL_VARS = (CUDA_VAR, HIP_VAR, ALLOC_VAR)
 
 
+@dataclass(frozen=True)
+class RelatedVariable:
+    """A variable of its own, beside the allocator's settings, that changes what the caching
+    allocator does; ``show`` and ``check --env`` say what it does when it is set."""
+
+    name: str
+    since: tuple[int, int]  # the first release that reads it
+    default: str
+    meanings: dict[str, str]  # each value torch takes, and what it means
+    what: str  # what it does, for the option docs
+
+    def describe(self, value: str, version: TorchVersion) -> str:
+        """What ``value`` does under torch ``version``, in one line."""
+        if version.schema_key < self.since:
+            return (f"not read by torch {version} (only from {self.since[0]}.{self.since[1]}): "
+                    "it does nothing here")
+        meaning = self.meanings.get(value)
+        if meaning is None:
+            takes = " or ".join(self.meanings)
+            return (f"{printable(repr(value), 40, newlines=False)} is not {takes}: torch warns "
+                    f"\"Ignoring invalid value for boolean flag\" and keeps its default "
+                    f"({self.default})")
+        return meaning
+
+
+#: ``TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC`` (pytorch/pytorch#169487, in 2.10): read with
+#: ``c10::utils::check_env`` (``1`` true, ``0`` false, anything else a warning and the default)
+#: into a function-local static the first time an expandable segment maps memory
+#: (``ExpandableSegment::map``); on unless set, in PyPI's builds (Meta's internal builds: off).
+EXPANDABLE_IPC = RelatedVariable(
+    name="TORCH_CUDA_EXPANDABLE_SEGMENTS_IPC",
+    since=(2, 10),
+    default="1: on",
+    meanings={
+        "1": "expandable segments create their memory shareable: CUDA tensors in them can be "
+             "sent to other processes (the default)",
+        "0": "expandable segments create their memory without IPC handles: a CUDA tensor in "
+             "one cannot be sent to another process",
+    },
+    what=(
+        "Whether expandable segments create their memory with handles another process can open "
+        "(POSIX file descriptors, or fabric handles where the GPU has them), so that CUDA "
+        "tensors in them can be shared through torch.multiprocessing (DataLoader workers, "
+        "reductions across processes). 1 (the default) or 0; with 0 sharing such a tensor "
+        "fails (2.14 and 2.15 say \"Cannot share an expandable_segments allocation: IPC handles "
+        "are disabled\"). Any other value is ignored with a warning. Read once per process, when "
+        "the first expandable segment maps memory: set it before that. Only matters with "
+        "expandable_segments:True."
+    ),
+)
+#: every related variable the tool reports, in the order it lists them
+RELATED_VARS = (EXPANDABLE_IPC,)
+
+
 def strip_variable_prefix(text: str) -> tuple[str | None, str]:
     """``PYTORCH_CUDA_ALLOC_CONF=a:1`` (a common paste, ``export`` and quotes too) → (name, ``a:1``)."""
     body = text.strip()
@@ -80,6 +134,13 @@ class EnvReport:
     generic_from: str | None
     device_from: str | None
     problems: tuple[EnvProblem, ...] = field(default=())
+    #: the related variables that are set (:data:`RELATED_VARS`), with their values
+    related: tuple[tuple[RelatedVariable, str], ...] = field(default=())
+
+    def related_lines(self) -> tuple[str, ...]:
+        """One line per related variable that is set: its value and what it does here."""
+        return tuple(f"{var.name}={printable(repr(value), 60, newlines=False)}: "
+                     f"{var.describe(value, self.version)}" for var, value in self.related)
 
     @property
     def split(self) -> bool:
@@ -213,7 +274,8 @@ def check_environment(environ: Mapping[str, str], version: TorchVersion) -> EnvR
                 f"{source}={printable(repr(value), 200)} is not valid for torch {version}: {exc}. "
                 "torch fails at the first CUDA allocation (some releases already at import, "
                 "pytorch/pytorch#186453)"))
-    return EnvReport(version, set_vars, generic, device, tuple(problems))
+    related = tuple((var, environ[var.name]) for var in RELATED_VARS if var.name in environ)
+    return EnvReport(version, set_vars, generic, device, tuple(problems), related)
 
 
 def _ignored_message(name: str, version: TorchVersion) -> str:

@@ -452,7 +452,10 @@ OPTIONS: tuple[OptionSpec, ...] = (
         summary="Address space each expandable segment reserves: a fraction (0.5) or a size (40G).",
         explanation=(
             "By default each expandable segment reserves 9/8 of device memory as virtual address "
-            "space. Lower it when many processes or pools share a GPU and run out of address space."
+            "space. Lower it when many processes or pools share a GPU and run out of address space. "
+            "A segment never grows past its reserve and one allocation cannot span two segments, "
+            "so a request larger than the reserve fails with an out-of-memory error however much "
+            "memory is free."
         ),
         default="9/8 of device memory",
         since=(2, 15),
@@ -465,7 +468,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
         summary="Per reserve-class address-space reservations for expandable segments.",
         explanation=(
             "Advanced: [name:reserve,...] with each reserve written as for "
-            "expandable_segments_reserve."
+            "expandable_segments_reserve; streams tagged with a class (a C++ call, "
+            "setExpandableSegmentReserveClassForStream) use its reserve, others the global one."
         ),
         default="none",
         since=(2, 15),

@@ -46,9 +46,10 @@ def _valid_text(spec: opt.OptionSpec, version: TorchVersion | None, bound: opt.B
     if spec.kind is opt.Kind.ROUNDUP:
         return "power of two, or [band:div,...,>:div] (see below)"
     if spec.kind is opt.Kind.RESERVE:
-        return "fraction in (0, 1] or <N>G"
+        return ("a fraction of device memory above 0 (0.5; above 1.125 means the default) or a "
+                "size in GiB (40G, 1.5G)")
     if spec.kind is opt.Kind.RESERVE_BY_CLASS:
-        return "[name:reserve,...]"
+        return "[name:reserve,...]: any name (serve-v2), each reserve as above; [] for none"
     if version is None:
         return "; ".join(f"{f[0]}.{f[1]}+: {b.describe(spec.unit)}" for f, b in spec.bounds)
     return str(bound.describe(spec.unit)) if bound else "any"
@@ -161,4 +162,12 @@ def render_markdown() -> str:
     for r in rows:
         alias = f" (also spelled `{r['aliases']}`)" if r["aliases"] else ""
         out += [f"### `{r['option']}`{alias}", "", f"{r['summary']} {r['explanation']}", ""]
+    from allocconf_widget.core.config.envvars import RELATED_VARS
+
+    out += ["## Other variables the allocator reads", "",
+            "Variables of their own, not keys of the settings string. `%allocconf show` and "
+            "`allocconf check --env` say what each one that is set does under the torch in use.", ""]
+    for var in RELATED_VARS:
+        out += [f"### `{var.name}` (torch {var.since[0]}.{var.since[1]}+, default {var.default})", "",
+                var.what, ""]
     return "\n".join(out).rstrip() + "\n"

@@ -21,8 +21,8 @@ from allocconf_widget.core.versions import TorchVersion
 
 _DIGITS = re.compile(r"[0-9]+")
 _FLOAT = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
-_RESERVE_SIZE = re.compile(r"([0-9]+)[gG]")
-_CLASS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: the number of an expandable-segment reserve: what ``std::istringstream >> double`` takes whole
+_RESERVE_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 ROUNDUP_SLOTS = 16
 #: Largest band start (MiB, 2**15) with a slot of its own. Larger starts are folded into it.
 ROUNDUP_MAX_BAND = 1 << 15
@@ -83,20 +83,27 @@ def _int_limit(version: TorchVersion) -> int:
     return (1 << 64) - 1 if version.new_parser else INT_MAX
 
 
+def typed(spec_name: str, text: str, sep: str = ":") -> str:
+    """The setting as the user typed it: ``name:value`` in a configuration string, ``name=value``
+    where the magic took ``name=value``. Fixes are written in torch's ``name:value`` form."""
+    return f"{spec_name}{sep}{text}"
+
+
 def parse_unsigned(spec_name: str, text: str, version: TorchVersion,
-                   fix_for: Callable[[int], str | None] | None = None) -> int:
+                   fix_for: Callable[[int], str | None] | None = None, *, sep: str = ":") -> int:
     """Parse a plain non-negative decimal integer, refusing what torch would misread.
 
     ``fix_for(n)`` says why the whole number ``n`` would itself be refused (the fix to offer
     instead), or None when it is valid: a fix offered must be a value torch accepts
     (``max_split_size_mb:1.5`` must not suggest ``max_split_size_mb:1``, below the minimum).
+    ``sep`` is the separator the user typed between name and value (:func:`typed`).
     """
     if _DIGITS.fullmatch(text):
         # beyond ~20 digits nothing fits torch's integers; int() of 4300+ digits even raises
         value = int(text) if len(text.lstrip("0")) <= _MAX_DIGITS else _int_limit(version) + 1
         if value > _int_limit(version):
             raise AllocConfError(
-                f"{spec_name}={text} is too large: torch {version} cannot read numbers above "
+                f"{typed(spec_name, text, sep)} is too large: torch {version} cannot read numbers above "
                 f"{_int_limit(version)}",
                 option=spec_name,
                 fix=f"use a smaller number, or leave {spec_name} unset",
@@ -107,7 +114,7 @@ def parse_unsigned(spec_name: str, text: str, version: TorchVersion,
         if spec_name.endswith("_mb"):
             reason += " (read as 'unlimited')"
         raise AllocConfError(
-            f"{spec_name}={text} is negative: {reason}",
+            f"{typed(spec_name, text, sep)} is negative: {reason}",
             option=spec_name,
             fix=f"use a positive whole number, or leave {spec_name} unset for torch's default",
         )
@@ -122,7 +129,7 @@ def parse_unsigned(spec_name: str, text: str, version: TorchVersion,
         suggestion = _suggest_int(text, read_as)
         instead = fix_for(suggestion) if fix_for is not None else None
         raise AllocConfError(
-            f"{spec_name}={text} is not a whole number: it has {kind}, and torch would silently "
+            f"{typed(spec_name, text, sep)} is not a whole number: it has {kind}, and torch would silently "
             f"read it as {read_as}",
             option=spec_name,
             fix=(f"write a whole number: {instead}" if instead
@@ -130,13 +137,13 @@ def parse_unsigned(spec_name: str, text: str, version: TorchVersion,
         )
     if text.strip().lower() in _DEFAULT_WORDS:  # the panel shows "unlimited" for an unset size
         raise AllocConfError(
-            f"{spec_name}={text!r} is not a number torch reads: it means torch's default",
+            f"{typed(spec_name, repr(text), sep)} is not a number torch reads: it means torch's default",
             option=spec_name,
             fix=f"leave {spec_name} unset (untick it in the panel; %allocconf unset {spec_name}) "
                 "for torch's default, or write a whole number, e.g. 512",
         )
     raise AllocConfError(
-        f"{spec_name}={text!r} is not a number",
+        f"{typed(spec_name, repr(text), sep)} is not a number",
         option=spec_name,
         fix=f"write a whole number, e.g. {spec_name}:512",
     )
@@ -156,28 +163,28 @@ def _suggest_int(text: str, read_as: int) -> int:
     return read_as
 
 
-def parse_float(spec_name: str, text: str) -> float:
+def parse_float(spec_name: str, text: str, *, sep: str = ":") -> float:
     """Parse a decimal number as ``std::stod`` would, refusing trailing junk it ignores."""
     if _FLOAT.fullmatch(text):
         value = float(text)
-        _check_float_range(spec_name, text, value)
+        _check_float_range(spec_name, text, value, sep)
         return value
     if text.lower() in ("nan", "inf", "infinity"):
-        raise AllocConfError(f"{spec_name}={text} is not a finite number", option=spec_name,
+        raise AllocConfError(f"{typed(spec_name, text, sep)} is not a finite number", option=spec_name,
                              fix=f"write a decimal number, e.g. {spec_name}:0.6")
     match = _FLOAT.match(text)
     if match:
         raise AllocConfError(
-            f"{spec_name}={text} has trailing characters {text[match.end():]!r} that torch would "
+            f"{typed(spec_name, text, sep)} has trailing characters {text[match.end():]!r} that torch would "
             f"silently ignore (it would read {match.group(0)})",
             option=spec_name,
             fix=f"write just the number, e.g. {spec_name}:{match.group(0)}",
         )
-    raise AllocConfError(f"{spec_name}={text!r} is not a number", option=spec_name,
+    raise AllocConfError(f"{typed(spec_name, repr(text), sep)} is not a number", option=spec_name,
                          fix=f"write a decimal number, e.g. {spec_name}:0.6")
 
 
-def _check_float_range(spec_name: str, text: str, value: float) -> None:
+def _check_float_range(spec_name: str, text: str, value: float, sep: str = ":") -> None:
     """``std::stod`` throws out_of_range where strtod reports ERANGE: overflow and underflow."""
     mantissa = re.split("[eE]", text, maxsplit=1)[0]
     underflow = value == 0.0 and any(c in "123456789" for c in mantissa)
@@ -189,7 +196,7 @@ def _check_float_range(spec_name: str, text: str, value: float) -> None:
     else:
         return
     shown = text if len(text) <= 40 else f"{text[:20]}…({len(text)} characters)"
-    raise AllocConfError(f"{spec_name}={shown} {problem}", option=spec_name,
+    raise AllocConfError(f"{typed(spec_name, shown, sep)} {problem}", option=spec_name,
                          fix=f"write an ordinary decimal number, e.g. {spec_name}:0.6")
 
 
@@ -209,12 +216,12 @@ def parse_bool(spec_name: str, text: str) -> bool:
 
 
 def check_bound(spec: OptionSpec, value: float, version: TorchVersion,
-                large_segment_mb: int = 20) -> None:
+                large_segment_mb: int = 20, *, sep: str = ":") -> None:
     """Raise if ``value`` is outside what torch ``version`` accepts for ``spec``."""
     bound = spec.bound_in(version)
     if bound is None:
         return
-    _check_power_of_two(spec, bound, value, version)
+    _check_power_of_two(spec, bound, value, version, sep)
     low = large_segment_mb if isinstance(bound.low, str) else bound.low
     if low is not None and (value < low or (value == low and not bound.low_inclusive)):
         if bound.allow_zero and value == 0:
@@ -222,7 +229,7 @@ def check_bound(spec: OptionSpec, value: float, version: TorchVersion,
         needed = f"at least {_fmt(low)}" if bound.low_inclusive else f"more than {_fmt(low)}"
         why = " (its large_segment_size_mb)" if isinstance(bound.low, str) else ""
         raise AllocConfError(
-            f"{spec.name}={_fmt(value)} is too small: torch {version} needs {needed}"
+            f"{typed(spec.name, _fmt(value), sep)} is too small: torch {version} needs {needed}"
             f"{' ' + spec.unit if spec.unit else ''}{why}",
             option=spec.name,
             fix=_fix_text(spec, bound, f"{_fmt(low if bound.low_inclusive else low + 1)} or more"),
@@ -231,7 +238,7 @@ def check_bound(spec: OptionSpec, value: float, version: TorchVersion,
     if high is not None and (value > high or (value == high and not bound.high_inclusive)):
         needed = f"at most {_fmt(high)}" if bound.high_inclusive else f"less than {_fmt(high)}"
         raise AllocConfError(
-            f"{spec.name}={_fmt(value)} is too large: torch {version} needs {needed}"
+            f"{typed(spec.name, _fmt(value), sep)} is too large: torch {version} needs {needed}"
             f"{' ' + spec.unit if spec.unit else ''}",
             option=spec.name,
             fix=_fix_text(spec, bound, f"{_fmt(high if bound.high_inclusive else high - 1)} or less"),
@@ -248,13 +255,14 @@ def _unset(spec: OptionSpec) -> str:
     return f", or leave {spec.name} unset for torch's default ({spec.default})"
 
 
-def _check_power_of_two(spec: OptionSpec, bound: Bound, value: float, version: TorchVersion) -> None:
+def _check_power_of_two(spec: OptionSpec, bound: Bound, value: float, version: TorchVersion,
+                        sep: str = ":") -> None:
     if not bound.power_of_two or (bound.allow_zero and value == 0):
         return
     if not _is_power_of_two(int(value)):
         lower = 1 << max(int(value).bit_length() - 1, 0)
         raise AllocConfError(
-            f"{spec.name}={_fmt(value)} is not a power of two; torch {version} rejects it",
+            f"{typed(spec.name, _fmt(value), sep)} is not a power of two; torch {version} rejects it",
             option=spec.name,
             fix=f"use {lower} or {lower * 2}",
         )
@@ -266,32 +274,36 @@ def _fmt(value: float | str) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def parse_reserve(spec_name: str, text: str) -> str:
-    """``expandable_segments_reserve``: a fraction in (0, 1] or ``<N>G``; canonical text back."""
-    match = _RESERVE_SIZE.fullmatch(text)
-    if match:
-        if int(match.group(1)) == 0:
-            raise AllocConfError(f"{spec_name}={text} reserves nothing; torch would ignore it",
-                                 option=spec_name, fix=f"use a size such as {spec_name}:40G")
-        return f"{int(match.group(1))}G"
-    if _FLOAT.fullmatch(text):
-        value = float(text)
-        if 0 < value <= 1:
-            return repr(value)
+def parse_reserve(spec_name: str, text: str, *, sep: str = ":") -> str:
+    """An expandable-segment reserve as torch 2.15 reads it (``parseReserveSpec``); its
+    canonical text back.
+
+    A trailing ``G`` or ``g`` makes the number GiB (``40G``, ``1.5G``); without it the number
+    is a fraction of the device's memory (``0.5``; above 1.125, the default, torch caps it at
+    the default). The number is what C++'s stream extraction reads in the C locale, with
+    nothing left over: an optional sign, digits with an optional decimal point, an optional
+    exponent. It must be finite and above 0 (an exponent that underflows to 0 is 0).
+    Everything else torch ignores with a warning and keeps its default: refused here.
+    """
+    gib = text[-1:] in ("G", "g")
+    number = text[:-1] if gib else text
+    value = float(number) if _RESERVE_NUMBER.fullmatch(number) else math.nan
+    if math.isfinite(value) and value > 0:
+        shown = repr(value)
+        shown = shown[:-2] if shown.endswith(".0") else shown
+        return f"{shown}G" if gib else shown
+    if math.isinf(value):
+        why = "is too large for a double (torch's stream extraction fails on it)"
+    elif _RESERVE_NUMBER.fullmatch(number):
+        why = "reserves nothing (it is not above 0)"
+    else:
+        why = "is neither a fraction of device memory like 0.5 nor a size in GiB like 40G or 1.5G"
     raise AllocConfError(
-        f"{spec_name}={text!r} is neither a fraction in (0, 1] nor a size like 40G; torch 2.15 "
-        "would print a warning and silently use its default",
+        f"{typed(spec_name, text, sep)} {why}; torch warns \"Ignoring invalid expandable-segment "
+        "reserve value\" and keeps its default (9/8 of device memory)",
         option=spec_name,
         fix=f"write e.g. {spec_name}:0.5 or {spec_name}:40G",
     )
-
-
-def check_class_name(spec_name: str, name: str) -> str:
-    """Reserve-class names are identifiers."""
-    if not _CLASS_NAME.fullmatch(name):
-        raise AllocConfError(f"{spec_name}: {name!r} is not a valid reserve-class name",
-                             option=spec_name, fix="use letters, digits and underscores")
-    return name
 
 
 def check_kind_matches(spec: OptionSpec, is_list: bool) -> None:

@@ -15,12 +15,22 @@ Message formats handled (docs/internals/allocator_facts.md §9), whitespace and 
   PyTorch but unallocated.`` (2.1 spells "capacty" and ends with a max_split_size_mb hint.)
 * 2.0 and older: ``Tried to allocate X (GPU d; T total capacity; A already allocated;
   F free; [L allowed; ]R reserved in total by PyTorch)``.
+* 2.15, with expandable segments, a request no segment can hold (larger than the
+  expandable-segment reserve, up to the device's total) has, after "reserved by PyTorch but
+  unallocated.", ``This allocation exceeds the expandable-segment reserve of V for this
+  stream, and a single allocation cannot span expandable segments. Raise
+  PYTORCH_CUDA_ALLOC_CONF expandable_segments_reserve or expandable_segments_reserve_by_class
+  (or unset it) so that a segment is at least S.``, with ``for stream reserve class 'c'`` in
+  place of ``for this stream`` on a stream tagged with a reserve class
+  (``DeviceCachingAllocator::malloc`` in c10/cuda/CUDACachingAllocator.cpp). Nothing about
+  fragmentation applies then: one segment cannot grow past its reserve.
 
 torch stays out of this module: callers pass the message text, settings and version.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -63,6 +73,11 @@ class OomInfo:
     other_processes: tuple[tuple[int, int], ...] = ()
     message_format: str = "2.1+"
     suggests_expandable: bool = False
+    #: torch 2.15: the expandable-segment reserve the request did not fit into (the stream's
+    #: or its reserve class's), the segment size the request needs, and that class's name
+    segment_reserve: int | None = None
+    segment_needed: int | None = None
+    reserve_class: str | None = None
 
     @property
     def reserved_by_pytorch(self) -> int:
@@ -122,6 +137,21 @@ def _other_processes(text: str) -> tuple[tuple[int, int], ...]:
     )
 
 
+_RESERVE_HINT = re.compile(
+    r"This allocation exceeds the expandable-segment reserve of SIZE"
+    r"(?: for stream reserve class '(.*?)'| for this stream)?, and a single allocation cannot "
+    r"span expandable segments\..*?so that a segment is at least SIZE".replace("SIZE", _SIZE))
+
+
+def _reserve_hint(text: str) -> tuple[int, int, str | None] | None:
+    """(reserve, needed segment, reserve class) from torch 2.15's reserve sentence, if any."""
+    match = _RESERVE_HINT.search(text)
+    if match is None:
+        return None
+    return (_bytes(match.group(1), match.group(2)), _bytes(match.group(4), match.group(5)),
+            match.group(3))
+
+
 def _parse_new(text: str, tried: int) -> OomInfo | None:
     header = re.search(
         r"GPU (\d+) has a total capac(?:i)?ty of SIZE of which SIZE is free".replace(
@@ -133,6 +163,7 @@ def _parse_new(text: str, tried: int) -> OomInfo | None:
     unallocated = _find_size(r"and SIZE is reserved by PyTorch but unallocated", text)
     if header is None or allocated is None or unallocated is None:
         return None
+    reserve = _reserve_hint(text)
     return OomInfo(
         tried_to_allocate=tried,
         total_capacity=_bytes(header.group(2), header.group(3)),
@@ -146,8 +177,12 @@ def _parse_new(text: str, tried: int) -> OomInfo | None:
         private_pools=_find_size(r"with SIZE allocated in private pools", text),
         device=int(header.group(1)),
         other_processes=_other_processes(text),
-        message_format="2.1" if "max_split_size_mb" in text else "2.2+",
+        message_format=("2.1" if "max_split_size_mb" in text else
+                        "2.15 reserve" if reserve is not None else "2.2+"),
         suggests_expandable="expandable_segments:True" in text,
+        segment_reserve=reserve[0] if reserve else None,
+        segment_needed=reserve[1] if reserve else None,
+        reserve_class=reserve[2] if reserve else None,
     )
 
 
@@ -376,6 +411,34 @@ def _situation(info: OomInfo, settings: Mapping[str, object]) -> _Situation:
     )
 
 
+def _reserve_rule(info: OomInfo, settings: Mapping[str, object]) -> list[Advice]:
+    """torch 2.15 said the request needs a segment larger than the expandable-segment reserve:
+    raise that reserve (the stream's class's, or the global one) to at least the size."""
+    if info.segment_reserve is None or info.segment_needed is None:
+        return []
+    needed, reserve = info.segment_needed, info.segment_reserve
+    gib = max(1, math.ceil((needed + _ROUNDING_SLACK) / GIB))  # the message's 2 decimals
+    why = (f"the request needs one expandable segment of at least {format_bytes(needed)}, and a "
+           f"segment may reserve only {format_bytes(reserve)} of address space")
+    tail = ("; a single allocation cannot span segments, so this is neither fragmentation nor a "
+            "full GPU")
+    name = info.reserve_class
+    if name is None:
+        return [Advice("expandable_segments_reserve", f"expandable_segments_reserve:{gib}G",
+                       f"{why} (expandable_segments_reserve){tail}: raise the reserve to at "
+                       f"least {format_bytes(needed)}, or unset it (the default is 9/8 of the "
+                       "device's memory)")]
+    classes = settings.get("expandable_segments_reserve_by_class")
+    change = None
+    if isinstance(classes, tuple) and all(isinstance(p, tuple) and len(p) == 2 for p in classes):
+        kept = [f"{k}:{v}" for k, v in classes if k != name]
+        change = f"expandable_segments_reserve_by_class:[{','.join([*kept, f'{name}:{gib}G'])}]"
+    return [Advice("expandable_segments_reserve", change,
+                   f"{why} for streams of the reserve class '{name}' "
+                   f"(expandable_segments_reserve_by_class){tail}: raise that class's reserve to "
+                   f"at least {format_bytes(needed)} (e.g. [{name}:{gib}G]), or remove it")]
+
+
 def _fraction_rule(s: _Situation) -> list[Advice]:
     i = s.info
     if not s.fraction_binding or i.allowed is None:
@@ -521,9 +584,14 @@ def advise(
             as in a snapshot's ``allocator_settings``), and ``backend``.
         torch_version: the torch that raised the error (a version, ``(major, minor)`` or text).
 
-    Expandable segments are never suggested when already on (pytorch/pytorch#173049).
+    Expandable segments are never suggested when already on (pytorch/pytorch#173049). Where
+    torch 2.15 says the request is larger than the expandable-segment reserve, raising that
+    reserve comes first and nothing is blamed on fragmentation.
     """
     situation = _situation(info, effective_settings)
+    reserve = _reserve_rule(info, effective_settings)
+    if reserve:  # the reserve decided it: what the numbers say about fragmentation does not apply
+        return [*reserve, *_fraction_rule(situation), *_outside_rules(situation)]
     return [
         *_fraction_rule(situation),
         *_no_fix_rule(situation),

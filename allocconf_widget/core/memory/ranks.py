@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from allocconf_widget._errors import SnapshotError, printable
+from allocconf_widget._errors import SnapshotError, one_line, printable
 from allocconf_widget.core.numbers import int_or_none
 
 RECORD_VERSION = 1
@@ -183,7 +183,7 @@ def parse_rank_record(data: bytes | str, where: str = "rank record") -> RankReco
         world_size=int_or_none(doc.get("world_size")),
         settings_variable=_text(doc.get("settings_variable"), None),
         settings_text=_text(doc.get("settings_text"), None),
-        effective={str(k)[:100]: v for k, v in list(effective.items())[:64]} if effective else None,
+        effective={one_line(str(k), 100): v for k, v in list(effective.items())[:64]} if effective else None,
         oom=_oom(doc.get("oom"), f"{where}.oom"),
         note=_text(doc.get("note"), None),
     )
@@ -216,7 +216,7 @@ def _wall(doc: Mapping[str, Any], where: str) -> float:
 
 
 def _text(value: object, default: str | None) -> str | None:
-    return printable(value, MAX_TEXT) if isinstance(value, str) else default
+    return one_line(value, MAX_TEXT) if isinstance(value, str) else default
 
 
 def _figure(value: object) -> int | None:

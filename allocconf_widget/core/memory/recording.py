@@ -27,6 +27,7 @@ from allocconf_widget._errors import SnapshotError, printable
 from allocconf_widget.core.memory.metrics import cached_share
 from allocconf_widget.core.memory.snapshot import Snapshot, load_snapshot
 from allocconf_widget.core.numbers import int_or_none
+from allocconf_widget.core.units import format_bytes
 from allocconf_widget.core.untrusted import read_regular_file
 
 DEMO_NAME = "demo_cnn_h200"
@@ -269,13 +270,37 @@ def is_recording_sidecar(data: bytes) -> bool:
 
 @dataclass(frozen=True)
 class SidecarFacts:
-    """What a recording's JSON sidecar tells a replay of its snapshot: the device, the torch."""
+    """What a recording's JSON sidecar tells a replay of its snapshot: the device, the torch.
+
+    A fact the file gives but that cannot be right (out of range, or contradicted by the trace:
+    :mod:`allocconf_widget.core.sim.sidecar_check`) is None here, with an :class:`IgnoredFact`
+    beside it in :class:`SidecarRead`.
+    """
 
     path: Path
     device_total_bytes: int | None
     non_pytorch_bytes: int | None
     torch_version: str | None
     fraction: float | None = None  # set_per_process_memory_fraction in force, if below 1
+    #: whether the run's memory limit is known: its device total stands and its fraction (None
+    #: included: no fraction) was not ignored. Where it is not, the replay reads a limit off the
+    #: trace's OOMs as for a file without a sidecar.
+    limit_known: bool = True
+
+
+@dataclass(frozen=True)
+class IgnoredFact:
+    """One fact of a sidecar left out of the replay, and why."""
+
+    key: str  # the sidecar's key, e.g. "fraction"
+    value: str  # as the file gave it, exact
+    why: str  # says what it contradicts, for people
+
+    def note(self, sidecar: str) -> str:
+        """The note every view shows (one line, the file's text escaped)."""
+        return (f"ignored the sidecar {printable(sidecar, 120, newlines=False)}'s {self.key} "
+                f"{printable(self.value, 40, newlines=False)}: {self.why}; the replay goes on "
+                "without it")
 
 
 #: the largest device a sidecar may claim (1 PiB): more is not a GPU, it is a broken file
@@ -291,15 +316,28 @@ class SidecarRead:
 
     facts: SidecarFacts | None
     problem: str | None = None  # set when a sidecar exists but is unusable (the note to show)
+    ignored: tuple[IgnoredFact, ...] = ()  # facts left out, the others kept
+    path: Path | None = None  # the sidecar read, where it had facts to ignore
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """Every line the replay's report shows about this sidecar's problems."""
+        path = self.facts.path if self.facts is not None else self.path
+        name = path.name if path is not None else "beside the snapshot"
+        return (*((self.problem,) if self.problem else ()),
+                *(fact.note(name) for fact in self.ignored))
 
 
 def read_sidecar(snapshot_path: str | os.PathLike[str]) -> SidecarRead:
     """``<name>.json`` beside ``<name>.pickle[.gz]``, read as untrusted optional data.
 
     Never raises: a missing file gives no facts and no problem; a FIFO, an oversized file,
-    malformed JSON, a field of the wrong type or out of range (an object where a list is
-    expected, ``1e999``, a 400-digit integer) gives no facts and a ``problem`` that names
-    the file, so the replay goes on without it and says so.
+    malformed JSON, a field of the wrong type (an object where a list is expected, ``1e999``,
+    a 400-digit integer) gives no facts and a ``problem`` that names the file, so the replay
+    goes on without it and says so. A well-typed value out of range (a device of 1 KiB, a
+    fraction of 5, free memory above the device's) drops that fact alone, with an
+    :class:`IgnoredFact`; :func:`allocconf_widget.core.sim.sidecar_check.check_sidecar` then
+    drops what the trace contradicts.
     """
     path = Path(snapshot_path)
     stem = path.name
@@ -319,27 +357,54 @@ def read_sidecar(snapshot_path: str | os.PathLike[str]) -> SidecarRead:
     try:
         meta = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
         rec = recording_from_dict(meta, stem)
-        total = rec.device_total_bytes
-        non_pytorch = rec.non_pytorch_bytes
     except SnapshotError as exc:
         return _bad_sidecar(sidecar, printable(str(exc), 200))
     except Exception as exc:  # optional untrusted data: any failure means "ignore it"
         return _bad_sidecar(sidecar, f"it is not a recording's sidecar ({type(exc).__name__}: "
                             f"{printable(str(exc), 120)})")
+    total = rec.device_total_bytes
     if total is None and meta.get("device_total_bytes") is not None:
         return _bad_sidecar(sidecar, "'device_total_bytes' "
                             f"{printable(repr(meta.get('device_total_bytes')), 40)} is not a number "
                             "of bytes")
     if total is None:
         return SidecarRead(None)  # a JSON file of something else: nothing to say about it
-    if not MIN_DEVICE_BYTES <= total <= SIDECAR_MAX_DEVICE_BYTES:
-        return _bad_sidecar(sidecar, f"'device_total_bytes' {printable(repr(total), 40)} is not a "
-                            "device's memory")
-    if non_pytorch is not None and not 0 <= non_pytorch < total:  # all of it: nothing left to replay
-        non_pytorch = None
+    ignored: list[IgnoredFact] = []
     version = rec.torch_version if rec.torch_version and len(rec.torch_version) <= 64 else None
-    fraction = rec.fraction if rec.fraction is not None and 0.0 < rec.fraction < 1.0 else None
-    return SidecarRead(SidecarFacts(sidecar, total, non_pytorch, version, fraction))
+    if rec.torch_version and version is None:
+        ignored.append(IgnoredFact("torch", rec.torch_version, "it is not a torch release"))
+    if not MIN_DEVICE_BYTES <= total <= SIDECAR_MAX_DEVICE_BYTES:
+        ignored.append(IgnoredFact("device_total_bytes", str(total), "it is not a device's memory "
+                                   "(1 MiB to 1 PiB); the free memory and fraction read against it "
+                                   "go with it"))
+        facts = (SidecarFacts(sidecar, None, None, version, None, limit_known=False) if version
+                 else None)
+        return SidecarRead(facts, ignored=tuple(ignored), path=sidecar)
+    non_pytorch, fraction, limit_known = _values_in_range(meta, rec, total, ignored)
+    return SidecarRead(SidecarFacts(sidecar, total, non_pytorch, version, fraction, limit_known),
+                       ignored=tuple(ignored), path=sidecar)
+
+
+def _values_in_range(meta: Mapping[str, Any], rec: Recording, total: int,
+                     ignored: list[IgnoredFact]) -> tuple[int | None, float | None, bool]:
+    """The memory outside PyTorch and the fraction, where the sidecar's values can be right."""
+    free = rec.free_at_start_bytes
+    non_pytorch = rec.non_pytorch_bytes
+    if free is not None and not 0 < free <= total:
+        ignored.append(IgnoredFact("free_at_start_bytes", str(free), (
+            "it leaves nothing of the device to PyTorch" if free <= 0 else
+            f"it is more than the device's {format_bytes(total)}")))
+        non_pytorch = None
+    raw = meta.get("fraction")
+    fraction = rec.fraction
+    if raw is not None and fraction is None:
+        ignored.append(IgnoredFact("fraction", printable(repr(raw), 40),
+                                   "it is not a number"))
+        return non_pytorch, None, False
+    if fraction is not None and not 0.0 < fraction <= 1.0:
+        ignored.append(IgnoredFact("fraction", repr(fraction), "a memory fraction lies in (0, 1]"))
+        return non_pytorch, None, False
+    return non_pytorch, (fraction if fraction is not None and fraction < 1.0 else None), True
 
 
 def _no_constant(name: str) -> None:
@@ -347,7 +412,8 @@ def _no_constant(name: str) -> None:
 
 
 def _bad_sidecar(sidecar: Path, why: str) -> SidecarRead:
-    return SidecarRead(None, f"ignored the sidecar {printable(sidecar.name, 120)}: {why}; the "
+    return SidecarRead(None, f"ignored the sidecar {printable(sidecar.name, 120, newlines=False)}: "
+                       f"{printable(why, 400, newlines=False)}; the "
                        "snapshot is replayed without it")
 
 

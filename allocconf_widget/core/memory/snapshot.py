@@ -238,7 +238,9 @@ def _unpickle(data: bytes, what: str) -> object:
             "(was the dump interrupted?); dump it again"
         ) from exc
     except pickle.UnpicklingError as exc:
-        if "truncated" in str(exc):
+        # a file of another kind is said as such first: Python 3.13's unpickler calls a zip
+        # archive's bytes (PERSID without its newline) "truncated", 3.11's an invalid load key
+        if "truncated" in str(exc) and _not_a_pickle_hint(data) == f"; {_DUMP_HINT}":
             raise SnapshotError(
                 f"the {what} is truncated ({exc}); was the dump interrupted? dump it again"
             ) from exc

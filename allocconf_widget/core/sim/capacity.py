@@ -112,13 +112,13 @@ def held_limit(trace: Trace) -> HeldLimit | None:
     usable, reserved_peak = trace.inferred_usable_bytes(), trace.recorded_reserved_peak()
     if high is None or usable is None or not reserved_peak < high <= usable:
         return None
-    low = max(reserved_peak, _allocated_peak(trace))  # the walk of the rows only where it can matter
+    low = max(reserved_peak, recorded_allocated_peak(trace))  # the rows walked only where it matters
     if not low < high:
         return None
     return HeldLimit(usable, low, high, len(trace.ooms))
 
 
-def _allocated_peak(trace: Trace) -> int:
+def recorded_allocated_peak(trace: Trace) -> int:
     """The most the recorded run had allocated at once (requested bytes; a free waiting on
     another stream no longer counts, as in torch's ``allocated_bytes``), from the start state."""
     from allocconf_widget.core.sim.trace.codes import OP_ALLOC, OP_FREE, OP_FREE_REQUESTED

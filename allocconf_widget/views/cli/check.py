@@ -98,12 +98,17 @@ def _check_env(args: argparse.Namespace, report: Any) -> int:
         print(json.dumps(_valid_unicode({
             "torch_version": str(report.version), "set": report.set_vars,
             "generic_from": report.generic_from, "device_from": report.device_from,
-            "problems": problems})))
+            "problems": problems,
+            "related": [{"name": var.name, "value": value,
+                         "meaning": var.describe(value, report.version)}
+                        for var, value in report.related]})))
     else:
         if not report.set_vars:
             print(f"no allocator variable is set: torch {report.version} uses its defaults")
         for name, value in report.set_vars.items():
             print(f"{name}={value!r}")
+        for line in report.related_lines():
+            print(line)
         for problem in report.problems:
             print(f"problem: {problem}", file=sys.stderr)
     return 2 if any(p.code == "invalid" for p in report.problems) else 0

@@ -13,7 +13,7 @@ import argparse
 import contextlib
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from allocconf_widget._errors import AllocConfError, SnapshotError
 from allocconf_widget.views.text.unexpected import debugging, unexpected_error
@@ -21,6 +21,11 @@ from allocconf_widget.views.text.unexpected import debugging, unexpected_error
 
 class _Parser(argparse.ArgumentParser):
     """argparse with "did you mean" for a mistyped subcommand or choice."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from allocconf_widget.views.text.suggest import parser_options
+
+        super().__init__(*args, **parser_options(kwargs))
 
     def error(self, message: str) -> NoReturn:
         from allocconf_widget.views.text.suggest import with_hint

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from allocconf_widget._errors import AllocConfError, SnapshotError, printable
+from allocconf_widget._errors import AllocConfError, SnapshotError, one_line
 
 _PROG = "allocconf simulate"
 
@@ -76,7 +76,7 @@ def _fail(message: str) -> int:
 
 
 def _note(message: str) -> None:
-    print(f"{_PROG}: note: {message}", file=sys.stderr)
+    print(f"{_PROG}: note: {one_line(message)}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,7 +105,7 @@ def _run(args: argparse.Namespace) -> int:
     progress = _Progress.on_a_terminal(sys.stderr)
     try:
         if progress is not None:
-            progress.say(f"reading {printable(path.name, 120)}")
+            progress.say(f"reading {one_line(path.name, 120)}")
         source = options.file(str(path))
         if progress is not None:
             progress.say("replaying")
@@ -116,7 +116,7 @@ def _run(args: argparse.Namespace) -> int:
             # no kernel here: rows are offered for the torch installed beside this command
             offer_release=installed_torch_version(), progress=progress))
     except SnapshotError as exc:
-        raise _BadInputError(f"{path}: {exc}") from None
+        raise _BadInputError(f"{one_line(str(path), 300)}: {exc}") from None
     except AllocConfError as exc:
         raise _BadInputError(str(exc)) from None
     finally:

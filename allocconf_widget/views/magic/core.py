@@ -92,6 +92,8 @@ def run_show(_args: argparse.Namespace, ctx: MagicContext) -> dict[str, Any]:
               "(not applied: %allocconf apply)")
     for name, value in state.env.set_vars.items():
         print(f"  {name}={_shown_value(value)}")
+    for line in state.env.related_lines():
+        print(f"  {line}")
     for problem in state.env.problems:
         print(f"  problem: {problem}")
     if check is None and state.phase is Phase.NO_CUDA:
@@ -108,18 +110,20 @@ def run_show(_args: argparse.Namespace, ctx: MagicContext) -> dict[str, Any]:
     return {"state": state, "requested": current, "readback": check, "saved": saved}
 
 
-def _parse_settings(items: list[str]) -> tuple[dict[str, str | None], str | None]:
+def _parse_settings(items: list[str]) -> tuple[dict[str, str | None], str | None, dict[str, str]]:
     """``k=v`` / ``k:v`` pairs → options; one ``a:1,b:2`` string (no ``=``) is a whole configuration.
 
     A ``k=v`` value is never pasted into a string: :meth:`Session.update` validates each value
-    on its own, so ``k=0.6,backend:x`` is an error, not two options.
+    on its own, so ``k=0.6,backend:x`` is an error, not two options. The third item maps each
+    name to the separator typed after it, so a message quotes the setting as it was typed.
     """
     if not items or not any(item.strip() for item in items):
         raise AllocConfError("nothing to set", fix="write %allocconf set name=value, e.g. "
                              "%allocconf set expandable_segments=True")
     if len(items) == 1 and "=" not in items[0] and ("," in items[0] or "[" in items[0]):
-        return {}, items[0]
+        return {}, items[0], {}
     options: dict[str, str | None] = {}
+    typed_with: dict[str, str] = {}
     for item in items:
         sep = "=" if "=" in item else ":" if ":" in item else None
         if sep is None:
@@ -132,9 +136,10 @@ def _parse_settings(items: list[str]) -> tuple[dict[str, str | None], str | None
         if name in options and options[name] != given:  # the last one silently won
             raise AllocConfError(f"{name} is given twice ({options[name] or 'default'} and "
                                  f"{given or 'default'})", option=name,
-                                 fix=f"give it once, e.g. {name}={value}")
+                                 fix=f"give it once, e.g. {name}{sep}{value}")
         options[name] = given
-    return options, None
+        typed_with[name] = sep
+    return options, None, typed_with
 
 
 def run_set(args: argparse.Namespace, ctx: MagicContext) -> Any:
@@ -156,7 +161,7 @@ def run_set(args: argparse.Namespace, ctx: MagicContext) -> Any:
         # earlier max_split_size_mb:256 stayed and then drew a warning about the mix)
         replace = True
         items = [value]
-    options, whole = _parse_settings(items)
+    options, whole, typed_with = _parse_settings(items)
     if whole is not None:
         conf = parse_conf(whole, session.state().version, warn=False)
         staged = session.stage(conf if replace else session.staged().merge(conf))
@@ -164,9 +169,10 @@ def run_set(args: argparse.Namespace, ctx: MagicContext) -> Any:
             if warning not in staged.warnings:
                 print(f"warning: {warning}")
     elif replace:
-        staged = session.update(options, base=parse_conf("", session.state().version, warn=False))
+        staged = session.update(options, base=parse_conf("", session.state().version, warn=False),
+                                typed_with=typed_with)
     else:
-        staged = session.update(options)
+        staged = session.update(options, typed_with=typed_with)
     if pasted is not None:  # said once it worked: before, a value that failed still "replaced"
         print(f"note: dropped the variable name {pasted}= and staged its value as the whole "
               "configuration" + (f", replacing the staged {before}" if before else ""))

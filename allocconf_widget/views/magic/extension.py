@@ -28,6 +28,11 @@ from allocconf_widget.views.text.unexpected import debugging, unexpected_error
 class _Parser(argparse.ArgumentParser):
     """argparse that raises instead of exiting on bad input (turned into UsageError)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from allocconf_widget.views.text.suggest import parser_options
+
+        super().__init__(*args, **parser_options(kwargs))
+
     def error(self, message: str) -> Any:
         from allocconf_widget.views.text.suggest import with_hint
 

@@ -52,10 +52,11 @@ def _usage(message: str) -> Exception:
     return UsageError(message)
 
 
-def _in_terminal() -> bool:
+def _why_no_widgets() -> str | None:
+    """Why this front end gets text in place of widgets, in one line; None where it shows them."""
     from allocconf_widget.adapters.frontend import detect_frontend
 
-    return not detect_frontend().shows_widgets
+    return detect_frontend().why_no_widgets
 
 
 # ----------------------------------------------------------------- monitor
@@ -74,10 +75,13 @@ def run_monitor(args: argparse.Namespace, ctx: MagicContext) -> Any:
     if args.action == "status":
         return _status(monitors.active)
     try:
-        if _in_terminal():
+        why = _why_no_widgets()
+        if why is not None:
             run = monitors.start(interval=args.interval, device=args.device,
                                  demo=True if args.demo else None, step_sync=args.step_sync,
                                  skip_idle=not args.keep_idle)
+            print(f"{why}: the monitor's status as text (%allocconf monitor status again for "
+                  "the latest)")
             print(status_text(run, args.device))
             return run
         from allocconf_widget.views.widgets import monitor

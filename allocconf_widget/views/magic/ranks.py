@@ -47,11 +47,17 @@ def run_ranks(args: argparse.Namespace, _ctx: MagicContext) -> Any:
             from IPython.core.error import UsageError
 
             raise UsageError(f"--interval {args.interval} is outside 0.2–60 s")
-        from allocconf_widget.views.widgets.ranks import show_ranks
+        from allocconf_widget.adapters.frontend import detect_frontend
 
         if board.channel is None:
             board.open()
-        return show_ranks(board, interval=args.interval)
+        why = detect_frontend().why_no_widgets
+        if why is None:
+            from allocconf_widget.views.widgets.ranks import show_ranks
+
+            return show_ranks(board, interval=args.interval)
+        print(f"{why}: the ranks now, as %allocconf ranks status says them (run it again to "
+              "refresh)")
     report = board.poll()
     print(render_ranks(report), end="")
     return report

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from allocconf_widget._errors import printable
+from allocconf_widget._errors import one_line
 from allocconf_widget.app.report import MemoryReport
 from allocconf_widget.core.memory.metrics import DeviceMetrics, Metrics
 from allocconf_widget.core.memory.snapshot import Snapshot, allocator_settings, devices_in, has_trace
@@ -65,7 +65,7 @@ def _settings_line(snapshot: Snapshot) -> str:
     if shown.get("max_split_size") == -1:
         shown["max_split_size"] = "unlimited"
     # values from the file: a crafted string carried escape sequences to the terminal
-    return "allocator settings: " + ", ".join(f"{printable(str(k), 60)}={printable(str(v), 300)}"
+    return "allocator settings: " + ", ".join(f"{one_line(str(k), 60)}={one_line(str(v), 300)}"
                                               for k, v in shown.items())
 
 
@@ -82,7 +82,7 @@ def render_report(report: MemoryReport, show_segments: bool = False) -> str:
     snapshot, per_device = report.snapshot, report.per_device
     history = "recorded" if has_trace(snapshot) else "not recorded"
     lines = [
-        report.label,
+        one_line(report.label, 400),  # a path from the command line: --json keeps it exact
         f"{_devices_line(devices_in(snapshot))}; "
         f"allocation history: {history}",
         _settings_line(snapshot),

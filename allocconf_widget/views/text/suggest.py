@@ -1,20 +1,39 @@
 """"Did you mean" for a mistyped subcommand or choice, as option names already get it.
 
-argparse answers ``%allocconf sett`` with "invalid choice: 'sett' (choose from …)" and no hint;
-both parsers (the magic's and the CLI's) pass their error message through :func:`with_hint`.
+Up to Python 3.13 argparse answers ``%allocconf sett`` with "invalid choice: 'sett' (choose
+from …)" and no hint; both parsers (the magic's and the CLI's) pass their error message through
+:func:`with_hint`. From 3.14 argparse can suggest itself (``suggest_on_error``, on by default
+from 3.15): both parsers turn it on (:func:`parser_options`) and :func:`with_hint` then adds
+nothing, so a suggestion is said once, in argparse's words.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import inspect
 import re
+from typing import Any
 
 _INVALID = re.compile(r"invalid choice: '?([^'\s(]+)'?")
 
+#: whether this Python's argparse suggests close choices itself (3.14+)
+ARGPARSE_SUGGESTS = "suggest_on_error" in inspect.signature(argparse.ArgumentParser).parameters
+
+
+def parser_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` for an ``ArgumentParser`` of ours, with argparse's own suggestions on where
+    this Python has them (unless the caller decided)."""
+    if ARGPARSE_SUGGESTS:
+        kwargs.setdefault("suggest_on_error", True)
+    return kwargs
+
 
 def with_hint(parser: argparse.ArgumentParser, message: str) -> str:
-    """``message``, plus "did you mean X?" when it is about an invalid choice close to one."""
+    """``message``, plus "did you mean X?" when it is about an invalid choice close to one;
+    unchanged where argparse suggests itself (it has said its suggestion, or found none)."""
+    if getattr(parser, "suggest_on_error", False):
+        return message
     match = _INVALID.search(message)
     if match is None:
         return message

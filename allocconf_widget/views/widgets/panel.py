@@ -267,8 +267,9 @@ def show_panel(session: Session) -> Panel | None:
     """Display the panel in a notebook, or print a text summary in a terminal."""
     from allocconf_widget.adapters.frontend import detect_frontend
 
-    if not detect_frontend().shows_widgets:
-        _print_text_panel(session)
+    frontend = detect_frontend()
+    if not frontend.shows_widgets:
+        _print_text_panel(session, frontend.why_no_widgets or "No widgets here")
         return None
     from IPython.display import display
 
@@ -289,7 +290,7 @@ def prediction_html(prediction: DraftPrediction | None) -> str:
     return "<br>".join(parts)
 
 
-def _print_text_panel(session: Session) -> None:
+def _print_text_panel(session: Session, why: str) -> None:
     model = PanelModel(session)
     status = model.status()
     print(model.state.describe())
@@ -307,8 +308,7 @@ def _print_text_panel(session: Session) -> None:
         value = model.draft.get(spec.name)
         shown = value if value is not None else f"default (unset): {spec.default}"
         print(f"  {spec.name.ljust(width)}  {shown}")
-    print("No widgets in a terminal: use %allocconf set k=v …, %allocconf apply, "
-          "%allocconf show (see %allocconf?).")
+    print(f"{why}: use %allocconf set k=v …, %allocconf apply, %allocconf show (see %allocconf?).")
 
 
 def copy_script(text: str, copy_id: str) -> str:

@@ -21,7 +21,7 @@ from array import array
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from allocconf_widget._errors import SnapshotError, printable
+from allocconf_widget._errors import SnapshotError, one_line
 from allocconf_widget.core.numbers import int_or_zero
 from allocconf_widget.core.sim.state import PENDING, AllocatorState, pool_id_of_entry
 from allocconf_widget.core.sim.trace.codes import (
@@ -89,7 +89,7 @@ def decode_keeping_live(
         ooms=tuple(b.ooms),
         # an action is the file's own string: escaped once here for every view (a crafted one
         # carried escape sequences into the header of `allocconf simulate`)
-        action_counts=tuple(sorted(((printable(a, 60), c) for a, c in b.counts.items()),
+        action_counts=tuple(sorted(((one_line(a, 60), c) for a, c in b.counts.items()),
                                    key=lambda kv: -kv[1])),
         unknown_frees=b.unknown_frees,
         first_unknown_free=b.first_unknown,
@@ -97,7 +97,7 @@ def decode_keeping_live(
         initial_state=initial_state,
         ambiguous_releases=b.ambiguous,
         deferred_frees=b.deferred,
-        unknown_actions=tuple(sorted((printable(a, 60), c) for a, c in b.counts.items()
+        unknown_actions=tuple(sorted((one_line(a, 60), c) for a, c in b.counts.items()
                                      if a not in _KNOWN_ACTIONS)),
     )
     return trace, list(b.live)
