@@ -36,8 +36,9 @@ def test_the_recorded_oom_shows_sites_map_verdict_and_apply_reaches_the_kernel(n
     assert "kept_output" in view.locator(".allocconf-flight-sites").first.inner_text()
     assert view.locator("svg.allocconf-segment-map rect").count() > 20
     wait_for_text(view, "flight-verdict", re.compile(r"Verdict: under max_split_size_mb:128 the "
-                                                     r"peak would have been 2\.42 GiB of a 4\.00 "
-                                                     r"GiB limit: no OOM"), timeout=60)
+                                                     r"peak would have been 2\.42 GiB of the 4\.00 "
+                                                     r"GiB limit \(memory fraction [0-9.]+ of "
+                                                     r"139\.80 GiB\): no OOM"), timeout=60)
     assert "How sure: sure" in view.inner_text()
     nb.page.set_viewport_size({"width": 1100, "height": 2200})  # the whole view, unscrolled
     view.scroll_into_view_if_needed()

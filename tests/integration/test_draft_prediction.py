@@ -235,5 +235,5 @@ def test_under_a_memory_fraction_the_peak_is_measured_against_its_limit(session,
     session.set_recording(recording)
     shown = panel.prediction.value
     limit = format_bytes(int(meta["fraction"] * meta["device_total_bytes"]))
-    assert f"of the {limit} a memory fraction of {meta['fraction']:.4g} allows" in shown, shown
+    assert f"of the {limit} limit (memory fraction {meta['fraction']:.4g} of" in shown, shown
     assert "usable" not in shown

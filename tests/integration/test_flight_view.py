@@ -53,7 +53,7 @@ def test_the_view_shows_breakdown_sites_map_and_verdict(view, demo):
     assert "Segments at the OOM" in view.segments.value
     body = view.verdict.value
     assert "Verdict: under " in body and ": no OOM" in body
-    assert "of the 4.00 GiB a memory fraction of" in body
+    assert "of the 4.00 GiB limit (memory fraction" in body
     assert "How sure: sure: the replay of your settings reproduced the OOM" in body
     assert view.apply_button.layout.display != "none" and not view.apply_button.disabled
     assert view.apply_button.description.startswith("Apply ")

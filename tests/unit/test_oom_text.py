@@ -39,5 +39,5 @@ def test_the_verdict_says_a_winners_peak_with_its_range_by_gpu_timing():
     verdict = Verdict(limit=Limit(4 << 30, 0.5, 8 << 30), allocated_at_oom=1 << 30, winners=(option,),
                       losers=(), sureness=Sureness.SURE, fidelity=None, events=10)
     said = option_line(verdict, option)
-    assert ("3.00 GiB (2.50 GiB–3.50 GiB by GPU timing) of the 4.00 GiB a memory fraction of 0.5 "
-            "allows (of 8.00 GiB): no OOM") in said
+    assert ("3.00 GiB (2.50 GiB–3.50 GiB by GPU timing) of the 4.00 GiB limit (memory fraction 0.5 "
+            "of 8.00 GiB): no OOM") in said

@@ -42,8 +42,8 @@ def limit_words(limit: Limit | None) -> str:
     if limit is None:
         return ""
     if limit.fraction is not None:
-        return (f"the {format_bytes(limit.bytes)} a memory fraction of {limit.fraction:.4g} allows "
-                f"(of {format_bytes(limit.device_total)})")
+        return (f"the {format_bytes(limit.bytes)} limit (memory fraction {limit.fraction:.4g} of "
+                f"{format_bytes(limit.device_total)})")
     return f"the {format_bytes(limit.bytes)} usable by PyTorch"
 
 
