@@ -207,7 +207,7 @@ def test_allocconf_simulate_on_the_saved_pickle_agrees_with_the_card(view, tmp_p
     sidecar = files.pickle.with_suffix(".json")
     assert sidecar.is_file() and sidecar.name in view.viewer_status.value
     run = subprocess.run([sys.executable, "-m", "allocconf_widget", "simulate", str(files.pickle),
-                          "--recommend", "--workers", "1", "--conf", "max_split_size_mb:128"],
+                          "--workers", "1", "--conf", "max_split_size_mb:128"],
                          capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0, run.stderr
     assert "LOW CONFIDENCE" not in run.stdout + run.stderr
