@@ -298,7 +298,7 @@ def _print_text_panel(session: Session) -> None:
     # as the widget panel says it: a draft's line is what Apply would write, not what is in effect
     line = (f"{status.variable}={status.text!r}" if status.text
             else f"{status.variable} unset (torch's defaults)")
-    print(f"{line} (after Apply)" if status.has_changes and not status.error else line)
+    print(f"{line} (after Apply)" if status.has_changes else line)
     prediction = predict_staged(session)
     for line in prediction.lines() if prediction is not None else [NOTHING_YET]:
         print(line)
