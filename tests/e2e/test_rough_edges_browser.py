@@ -72,3 +72,32 @@ def test_the_oom_cards_links_look_like_links_and_its_list_is_not_numbered_from_2
     for shown in seen["lists"]:
         assert shown["start"] in (None, 1) and shown["marker"] != "decimal", shown
     screenshot(nb.page, f"oom-card-links-{ui}")
+
+
+@pytest.mark.parametrize("ui", UIS)
+def test_the_monitors_save_snapshot_writes_what_allocconf_simulate_needs(notebook_page, ui):
+    """The monitor (replaying the bundled recording on this CPU-only machine) saves a snapshot
+    and, beside it, the replay facts: `allocconf simulate` on the file then knows the torch
+    release and the device's memory (it said both were unknown and predicted no OOM)."""
+    import subprocess
+    import sys
+
+    nb = notebook_page(["%load_ext allocconf_widget", "%allocconf monitor --demo --renderer svg"], ui=ui)
+    nb.run_all(timeout=120)
+    monitor = nb.page.locator(".allocconf-monitor").first
+    monitor.wait_for(state="visible", timeout=60_000)
+    find_widget(monitor, "monitor-snapshot").first.click()
+    said = wait_for_text(monitor, "monitor-status", re.compile(r"its replay facts"), timeout=30)
+    sidecar = re.search(r"replay facts \(torch, device, memory fraction\): (\S+\.json)", said)
+    assert sidecar, said
+    screenshot(nb.page, f"monitor-snapshot-{ui}")
+    folder = nb.server.root_dir / "allocconf-exports"
+    pickle = folder / sidecar.group(1).replace(".json", ".pickle")
+    assert pickle.is_file() and (folder / sidecar.group(1)).is_file()
+    run = subprocess.run([sys.executable, "-m", "allocconf_widget", "simulate", str(pickle),
+                          "--no-rank", "--workers", "1"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr
+    assert "device capacity unknown" not in run.stderr and "LOW CONFIDENCE" not in run.stdout
+    assert f"from the recording's sidecar {sidecar.group(1)}: device capacity 139.80 GiB" in run.stderr
+    assert "torch 2.11; device: 139.80 GiB" in run.stdout, run.stdout
