@@ -17,6 +17,7 @@ page (its own requests would give the page a busy/idle of their own).
 from __future__ import annotations
 
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -24,7 +25,8 @@ import pytest
 
 from tests.e2e.jupyter import find_widget, wait_until, widget_text
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = [pytest.mark.browser, pytest.mark.slow,
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")]
 
 #: the execution indicator (Lab's toolbar and Notebook 7's) and Lab's status bar item
 _SHOWN_STATUS = """() => {
