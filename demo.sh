@@ -32,8 +32,17 @@ mkdir -p "$RUN_DIR"
 for nb in notebooks/*.ipynb; do
     [ -e "$RUN_DIR/$(basename "$nb")" ] || cp "$nb" "$RUN_DIR/"
 done
+# The venv's bin first on the PATH of the server, so its terminals (File > New > Terminal) run
+# `allocconf`, `python` and `pip` of this venv, as the README's command lines expect. The
+# terminals get this shell as it is: started without a terminal of its own (a log file, nohup),
+# Jupyter runs a login shell, whose /etc/profile sets PATH afresh and drops the venv again.
+VENV_DIR=$(cd "$VENV" && pwd)
+export VIRTUAL_ENV="$VENV_DIR"
+export PATH="$VENV_DIR/bin:$PATH"
+TERMINAL_SHELL=${SHELL:-$(command -v bash || command -v sh)}
 # default_url: the URL JupyterLab prints opens the demo notebook, not the Launcher
-args=(--ip=127.0.0.1 --ServerApp.root_dir="$PWD" --LabApp.default_url=/lab/tree/$RUN_DIR/quickstart.ipynb)
+args=(--ip=127.0.0.1 --ServerApp.root_dir="$PWD" --LabApp.default_url=/lab/tree/$RUN_DIR/quickstart.ipynb
+      "--ServerApp.terminado_settings={\"shell_command\": [\"$TERMINAL_SHELL\"]}")
 [ "$(id -u)" = 0 ] && args+=(--allow-root)
 echo "Starting JupyterLab on $RUN_DIR/quickstart.ipynb, a copy of notebooks/quickstart.ipynb (Ctrl-C twice to stop) ..."
 exec "$VENV/bin/jupyter" lab "${args[@]}" "$RUN_DIR/quickstart.ipynb" "$@"

@@ -85,6 +85,7 @@ _.differences
 
 # ---- read by IPython's display machinery and ipywidgets' traits (set by assignment)
 _._repr_html_  # views/text/simulate.SimulationDisplay: IPython calls it to show the HTML table
-_.flex  # ipywidgets Layout trait (views/widgets/whatif.py confirmation buttons)
+_.flex  # ipywidgets Layout traits (views/widgets/confirm.natural_width: buttons at their text's width)
 _.min_width
+_.align_self
 _.cuda_was_initialized  # adapters/dryrun.DryRunTrace: part of the trace's record (also noted in its notes)

@@ -3,7 +3,7 @@
 Each round starts a fresh ``ipykernel`` (jupyter_client), loads the extension, imports
 torch, shows the panel, opens its What if? tab and, after ``--think`` seconds (a person
 reading the tab before clicking; 0 = clicked at once), times one click on Compare on
-the bundled recording. The same replay through ``allocconf simulate`` (a new process,
+the bundled recording. The same ranking through ``allocconf simulate`` (a new process,
 interpreter start included) is timed beside it. Rows:
 
 * ``tab``: the tab as shipped (SVG charts, trace decoded while the tab opens);

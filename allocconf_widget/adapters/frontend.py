@@ -19,6 +19,7 @@ import importlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -31,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 REFUSAL_WAIT_S = 1.5
-"""How long a restart request may take to be refused: a refusal (403) comes back in
-milliseconds; an accepted restart answers only once the new kernel is up."""
+"""How long the server may take to say whether it takes a ``POST`` from this kernel: either
+answer comes back in milliseconds."""
 
 
 class Frontend(enum.Enum):
@@ -113,16 +114,17 @@ def restart(frontend: Frontend | None = None, *, _kill: Any = os.kill,
     """Restart the kernel the way the front end supports; returns what happened.
 
     Colab: ending the process makes Colab restart the runtime (the usual
-    ``os.kill(os.getpid(), 9)``; the notebook stays open). Jupyter server:
-    the REST call ``POST /api/kernels/<id>/restart`` (a clean restart, no
-    "kernel died" dialog) when the server can be found, else the kernel ends
-    itself and the server's restarter starts a new one. A server that refuses
-    the request (HTTP 403: a server without a token checks XSRF, which a request
-    from the kernel cannot pass) is detected within :data:`REFUSAL_WAIT_S` and
-    the kernel falls back to ending itself at once, saying so. VS Code and
+    ``os.kill(os.getpid(), 9)``; the notebook stays open). Jupyter server
+    (JupyterLab, Notebook 7): the REST call ``POST /api/kernels/<id>/restart`` (a
+    clean restart, no "kernel died" dialog), made by a process of its own once the
+    cell that asked has been answered (``adapters/restart_helper.py`` says why), when
+    the server can be found; else the kernel ends itself and the server's restarter
+    starts a new one. A server that refuses our requests (HTTP 403: a server without
+    a token checks XSRF, which a request from the kernel cannot pass) is detected
+    within :data:`REFUSAL_WAIT_S` and the kernel falls back to ending itself at once,
+    saying so. Classic Notebook 6: its page restarts the kernel. VS Code and
     terminal IPython: instructions only, because VS Code does not bring a dead
-    kernel back by itself. ``notify`` gets a line before the wait (the kernel
-    may be gone before this returns).
+    kernel back by itself. ``notify`` gets a line before the server is asked.
     """
     frontend = frontend or detect_frontend()
     if frontend in (Frontend.JUPYTER, Frontend.HEADLESS) and _classic_notebook_hosts_this_kernel():
@@ -174,8 +176,8 @@ def _servers() -> list[dict[str, Any]]:
     return found
 
 
-def _restart_via_server(*, notify: Callable[[str], None] | None = None, kill: Any = os.kill,
-                        wait: float = REFUSAL_WAIT_S) -> RestartOutcome | None:
+def _restart_via_server(*, notify: Callable[[str], None] | None = None,
+                        kill: Any = os.kill) -> RestartOutcome | None:
     kernel = _kernel_id()
     if kernel is None:
         return None
@@ -186,19 +188,79 @@ def _restart_via_server(*, notify: Callable[[str], None] | None = None, kill: An
             continue
         if notify is not None:
             notify("Asking the Jupyter server to restart this kernel…")
-        quiet_interrupts_while_restarting()
-        request = _RestartRequest(base, token, kernel)
-        refusal = request.refusal(wait)
-        if refusal is None:
+        refusal = _post_refusal(base, token)
+        if refusal is None and _start_restart_helper(f"{base}/api/kernels/{kernel}/restart", token):
             return RestartOutcome(Frontend.JUPYTER, True, "server",
-                                  "Restarting the kernel through the Jupyter server…")
+                                  "Restarting the kernel through the Jupyter server as soon as this "
+                                  "cell has finished; the page then shows the new kernel idle.")
         fallback = _self_restart(Frontend.JUPYTER, kill=kill)
+        if refusal is None:
+            return RestartOutcome(Frontend.JUPYTER, fallback.started, "self (no helper process)",
+                                  "Could not start the process that restarts the kernel through "
+                                  f"the server. Falling back: {fallback.message}")
         return RestartOutcome(
             Frontend.JUPYTER, fallback.started, f"self (server refused: {refusal})",
             f"The Jupyter server refused the restart request ({refusal}; a server started without "
             "a token checks XSRF, which a request from the kernel cannot pass). Falling back: "
             f"{fallback.message}")
     return None
+
+
+#: a kernel id no server runs: a request for it tells whether the server takes our POSTs
+_NO_KERNEL = "00000000-0000-0000-0000-000000000000"
+
+
+def _post_refusal(base: str, token: str) -> str | None:
+    """Why the server would refuse a ``POST`` from this kernel, or ``None`` when it takes one.
+
+    Asks to interrupt a kernel no server runs: a server that takes the request answers 404
+    (no such kernel) and does nothing; one that refuses it (a token-less server checks XSRF,
+    which a request from the kernel cannot pass) answers 403, in milliseconds either way. So
+    the cell can say that the restart will not happen before it ends.
+    """
+    try:
+        urllib.request.urlopen(_request(f"{base}/api/kernels/{_NO_KERNEL}/interrupt", token, "POST"),
+                               timeout=REFUSAL_WAIT_S).close()
+    except urllib.error.HTTPError as exc:
+        return None if exc.code == 404 else f"HTTP {exc.code} {exc.reason}"
+    except OSError as exc:
+        return f"the request failed: {exc}"
+    return None
+
+
+#: helper processes started by this kernel, kept referenced (they outlive it on purpose)
+_HELPERS: list[subprocess.Popen[bytes]] = []
+
+
+def _start_restart_helper(url: str, token: str, *, ready_wait: float = 20.0) -> bool:
+    """Start ``adapters/restart_helper.py``, which restarts this kernel once the request that
+    asked has been answered (see its docstring); whether it got ready within ``ready_wait``."""
+    try:
+        from ipykernel.connect import get_connection_file
+
+        connection_file = get_connection_file()
+    except (ImportError, RuntimeError):
+        return False
+    from allocconf_widget.adapters import restart_helper
+
+    env = dict(os.environ, **{restart_helper.TOKEN_VARIABLE: token})
+    try:
+        process = subprocess.Popen(
+            [sys.executable, restart_helper.__file__, connection_file, url, str(os.getpid())],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            env=env, start_new_session=True)
+    except OSError:
+        return False
+    _HELPERS.append(process)
+    line: list[bytes] = []
+    reader = threading.Thread(target=lambda: line.append(process.stdout.readline() if process.stdout
+                                                         else b""), daemon=True)
+    reader.start()
+    reader.join(ready_wait)
+    if line and line[0].strip() == b"ready":
+        return True
+    process.kill()
+    return False
 
 
 #: how long a restart may take before an interrupt counts again (a restart takes seconds)
@@ -209,10 +271,11 @@ def quiet_interrupts_while_restarting(grace: float = RESTART_GRACE_S) -> bool:
     """Swallow SIGINT for ``grace`` seconds: the kernel is being restarted.
 
     jupyter_client interrupts a kernel before it restarts it (``shutdown_kernel`` calls
-    ``interrupt_kernel`` first). The cell that asked for the restart is still waiting for
-    the server's answer, so that interrupt ended it with a KeyboardInterrupt traceback,
-    saved in the notebook, after a restart that worked. After ``grace`` seconds the
-    previous handler runs again (ipykernel also restores its own when the cell ends).
+    ``interrupt_kernel`` first). The page of a classic Notebook 6 restarts the kernel while
+    the cell that asked for it may still run, so that interrupt ended the cell with a
+    KeyboardInterrupt traceback, saved in the notebook, after a restart that worked. After
+    ``grace`` seconds the previous handler runs again (ipykernel also restores its own when
+    the cell ends).
     Only the main thread can install a handler; returns whether it did.
     """
     if threading.current_thread() is not threading.main_thread():
@@ -288,33 +351,6 @@ def _server_has_kernel(base: str, token: str, kernel: str) -> bool:
             return bool(json.loads(r.read()).get("id") == kernel)
     except (OSError, ValueError):
         return False
-
-
-class _RestartRequest:
-    """``POST /api/kernels/<id>/restart`` on a thread: an accepted restart answers only after
-    this kernel is gone, a refusal at once, so the caller waits briefly for a refusal."""
-
-    def __init__(self, base: str, token: str, kernel: str) -> None:
-        self._done = threading.Event()
-        self._refused: str | None = None
-        url = f"{base}/api/kernels/{kernel}/restart"
-        threading.Thread(target=self._post, args=(url, token), daemon=True,
-                         name="allocconf-restart").start()
-
-    def _post(self, url: str, token: str) -> None:
-        try:
-            urllib.request.urlopen(_request(url, token, "POST"), timeout=30).close()
-        except urllib.error.HTTPError as exc:
-            self._refused = f"HTTP {exc.code} {exc.reason}"
-        except OSError as exc:
-            self._refused = f"the request failed: {exc}"
-        finally:
-            self._done.set()
-
-    def refusal(self, wait: float) -> str | None:
-        """Why the server refused, if it answered with an error within ``wait`` seconds."""
-        self._done.wait(wait)
-        return self._refused
 
 
 def _self_restart(frontend: Frontend, *, kill: Any = os.kill) -> RestartOutcome:

@@ -19,9 +19,11 @@ import os
 import stat
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from allocconf_widget.core.memory.recording import Recording
 from allocconf_widget.core.memory.snapshot import Snapshot, save_snapshot
 from allocconf_widget.core.memory.timeline import Timeline
 
@@ -205,8 +207,27 @@ def viewer_torch() -> tuple[int, int] | None:
     return None if version is None else version.key
 
 
-def write_live_snapshot(path: str | os.PathLike[str] | None = None, kind: str = "snapshot") -> Path:
-    """Save ``torch.cuda.memory._snapshot()`` of this process, once, on demand.
+@dataclass(frozen=True)
+class SavedSnapshot:
+    """A snapshot written for PyTorch's viewer and ``allocconf simulate``, and its sidecar (the
+    replay facts the file cannot say; None when the device's size is unknown)."""
+
+    path: Path
+    sidecar: Path | None
+
+    def sidecar_note(self) -> str:
+        """The line that names the sidecar, or says why there is none."""
+        if self.sidecar is None:
+            return ("no replay facts beside it (the device's memory is unknown): give "
+                    "`allocconf simulate` --device-total and --torch-version")
+        return f"its replay facts (torch, device, memory fraction): {self.sidecar.name}"
+
+
+def write_live_snapshot(path: str | os.PathLike[str] | None = None, kind: str = "snapshot",
+                        device: int | None = None) -> SavedSnapshot:
+    """Save ``torch.cuda.memory._snapshot()`` of this process, once, on demand, with its replay
+    sidecar for ``device`` (default: the current one): the torch release, the device's memory,
+    the memory outside PyTorch now and the memory fraction in force.
 
     With stack recording on, torch can take seconds to build it (docs/internals/allocator_facts.md §8),
     which is why nothing calls this on a timer. Raises RuntimeError without CUDA.
@@ -217,7 +238,32 @@ def write_live_snapshot(path: str | os.PathLike[str] | None = None, kind: str = 
     if torch is None:
         raise RuntimeError("torch is not imported: there is no GPU memory to save")
     snapshot: Any = torch_private.full_snapshot(torch)
-    return write_snapshot(snapshot, path, kind)
+    target = write_snapshot(snapshot, path, kind)
+    device = torch_private.current_device(torch) if device is None else device
+    info = torch_private.mem_get_info(torch, device)
+    if info is None:
+        return SavedSnapshot(target, None)
+    free, total = info
+    reserved = sum(int(seg.get("total_size", 0)) for seg in snapshot.get("segments", ())
+                   if seg.get("device", 0) == device)
+    fraction = torch_private.memory_fraction(torch, device)
+    sidecar = write_replay_sidecar(target, torch_version=str(getattr(torch, "__version__", "")) or None,
+                                   device_total=total, non_pytorch_bytes=max(0, total - free - reserved),
+                                   fraction=fraction if fraction is not None and fraction < 1.0 else None)
+    return SavedSnapshot(target, sidecar)
+
+
+def write_recording_snapshot(recording: Recording, path: str | os.PathLike[str] | None = None
+                             ) -> SavedSnapshot:
+    """Save a bundled recording's snapshot (the monitor's replay), with the recording's own
+    replay facts beside it, so ``allocconf simulate`` on the file replays it as the What-if does."""
+    target = write_snapshot(recording.snapshot(), path, kind="recording")
+    sidecar = write_replay_sidecar(target, torch_version=recording.torch_version,
+                                   device_total=recording.device_total_bytes,
+                                   non_pytorch_bytes=recording.non_pytorch_bytes,
+                                   fraction=recording.fraction, conf=recording.conf,
+                                   name=recording.name)
+    return SavedSnapshot(target, sidecar)
 
 
 def write_replay_sidecar(snapshot_path: Path, *, torch_version: str | None, device_total: int | None,

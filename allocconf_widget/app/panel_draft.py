@@ -104,9 +104,10 @@ class PanelModel:
             text = self.draft_text()
             error = self._error
         variable = variable_to_write(self.version, self.state.env.set_vars)
-        if error is not None:
+        if error is not None:  # an invalid draft is never what is applied: it is a change
             option = error.option if error.option in self.draft else None
-            return DraftStatus(text, variable, error_text(error), (), (), error_option=option)
+            return DraftStatus(text, variable, error_text(error), (), (), has_changes=True,
+                               error_option=option)
         view = self.session.view()
         conf = view.staged  # the draft, as set_option staged it (parsed there, once)
         warnings = tuple(str(w) for w in conf.warnings) + self.size_warnings()
@@ -200,10 +201,10 @@ class PanelModel:
 
     def status_html(self, status: DraftStatus) -> str:
         """The resulting string, validation message and per-option plan as HTML."""
-        # the line a draft would write; "would be" until Apply: the variable held the applied
-        # settings while this line read as if it held the draft
+        # the line a draft would write; "(after Apply)" whenever it is not what is applied, an
+        # invalid draft included: the variable holds the applied settings, not this line
         shown = f"<code>{html.escape(status.variable)}={html.escape(status.text)!s}</code>"
-        parts = [f"{shown} (after Apply)" if status.has_changes and not status.error else shown]
+        parts = [f"{shown} (after Apply)" if status.has_changes else shown]
         if status.error:
             where = f"<b>{html.escape(status.error_option)}</b>: " if status.error_option else ""
             parts.append(f"<span style='color:#b00020'>✖ {where}{html.escape(status.error)}</span>")

@@ -73,6 +73,8 @@ def whatif_scene(nb: Any, front_end: str) -> Seen:
     target.locator(".allocconf-whatif-apply").first.click()
     confirm = find_widget(target, "whatif-confirm").first
     confirm.wait_for(state="visible", timeout=30_000)
+    style = [f"confirmation: {c}" for c in confirmation_problems(
+        find_widget(target, "whatif-confirmation").first)]
     tab = panel.locator(".allocconf-whatif").first
     # and in a narrow output area (Colab beside another pane; a phone): the rows, the question
     # and its buttons must still be readable when the tab is 560 px wide
@@ -81,7 +83,7 @@ def whatif_scene(nb: Any, front_end: str) -> Seen:
     _shot(page, target, f"{front_end}-whatif-row-560px")
     tab.evaluate("t => { t.style.width = t.dataset.width; }")
     texts = tab.locator("svg").first.locator("text").evaluate_all("els => els.map(e => e.textContent)")
-    seen = Seen("whatif", [*cut_off_labels(tab), *cut_narrow], [str(t) for t in texts])
+    seen = Seen("whatif", [*cut_off_labels(tab), *cut_narrow, *style], [str(t) for t in texts])
     seen.rows = [str(t) for t in rows.locator("code").evaluate_all(
         "els => els.map(e => e.textContent)")]
     seen.legend = [str(t) for t in tab.locator("svg").nth(1).locator("text").evaluate_all(
@@ -91,8 +93,37 @@ def whatif_scene(nb: Any, front_end: str) -> Seen:
     return seen
 
 
+_JS_CONFIRMATION = r"""
+(box) => {
+  // one style for every confirmation: the question on its own line, the buttons under it at
+  // the width of their text (neither cut nor stretched across the view)
+  const bad = [];
+  const question = box.querySelector('[class*="-question"]');
+  const buttons = [...box.querySelectorAll('button')].filter(b => b.offsetParent !== null);
+  if (!buttons.length) bad.push('no confirmation buttons shown');
+  const width = box.getBoundingClientRect().width;
+  for (const b of buttons) {
+    const r = b.getBoundingClientRect();
+    if (question && question.getBoundingClientRect().bottom > r.top + 1)
+      bad.push(`"${b.textContent.trim()}" beside its question, not under it`);
+    if (r.width > Math.max(260, 0.5 * width))
+      bad.push(`"${b.textContent.trim()}" ${Math.round(r.width)} px wide of ${Math.round(width)} px`);
+  }
+  return bad;
+}
+"""
+
+
+def confirmation_problems(confirmation: Any) -> list[str]:
+    """What breaks the one confirmation style in ``confirmation`` (a ``…-confirmation`` box),
+    besides the cut labels :func:`cut_off_labels` finds."""
+    return [*cut_off_labels(confirmation), *confirmation.evaluate(_JS_CONFIRMATION)]
+
+
 def flight_scene(nb: Any, front_end: str) -> Seen:
-    """The OOM card with its verdict filled in, after Apply (its outcome beside the button)."""
+    """The OOM card with its verdict filled in: its confirmation open, then after Apply (the
+    outcome under the button). ``texts``: the Apply button's text, then the confirmation's
+    buttons as shown."""
     page = nb.page
     view = page.locator(".allocconf-flight")
     view.wait_for(state="visible", timeout=60_000)
@@ -101,11 +132,17 @@ def flight_scene(nb: Any, front_end: str) -> Seen:
     wait_until(lambda: re.search(r"Apply \S", apply.inner_text()), timeout=30,
                what="the Apply button's setting")
     apply.click()  # the card asks first (a recording of another run): confirm
+    confirmation = find_widget(view, "flight-confirmation").first
+    confirmation.wait_for(state="visible", timeout=30_000)
+    cut_confirm = [f"confirmation: {c}" for c in confirmation_problems(confirmation)]
+    buttons = [str(t).strip() for t in confirmation.locator("button").evaluate_all(
+        "els => els.filter(b => b.offsetParent !== null).map(b => b.textContent)")]
+    _shot(page, view, f"{front_end}-flight-confirm")
     find_widget(view, "flight-confirm").first.click()
     wait_until(lambda: "Applied" in find_widget(view, "flight-result").first.inner_text(), timeout=30,
                what="the Apply outcome")
-    seen = Seen("flight", cut_off_labels(view),
-                [find_widget(view, "flight-apply").first.inner_text().strip()])
+    seen = Seen("flight", [*cut_confirm, *cut_off_labels(view)],
+                [find_widget(view, "flight-apply").first.inner_text().strip(), *buttons])
     seen.shot = _shot(page, view, f"{front_end}-flight")
     seen.save(front_end)
     return seen

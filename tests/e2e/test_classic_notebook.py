@@ -496,7 +496,8 @@ def test_oom_card_apply_and_sites_table_are_whole_in_classic(classic_page) -> No
     from tests.e2e.cutoff import FLIGHT_CELLS, flight_scene
 
     seen = flight_scene(_open_classic(classic_page, FLIGHT_CELLS), "classic")
-    assert seen.cut == [], seen.cut
+    assert seen.cut == [], seen.cut  # its confirmation included, in the What if? tab's style
+    assert seen.texts == ["Apply max_split_size_mb:128", "Apply these settings", "Cancel"]
 
 
 def test_simulate_table_fits_a_1400px_window_in_classic(classic_page) -> None:

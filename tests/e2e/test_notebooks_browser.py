@@ -19,6 +19,7 @@ from tests.e2e.jupyter import (
     click_button,
     find_widget,
     open_notebook,
+    screenshot,
     set_slider,
     set_toggle,
     wait_for_text,
@@ -46,9 +47,27 @@ def test_quickstart_runs_and_its_panel_applies(jupyter_server, browser_page):
     set_slider(row, "allocconf-slider", 10)  # the handle's position is the exponent: 2**10 MiB
     wait_for_text(panel, "allocconf-status", re.compile(r"max_split_size_mb:1024"))
     click_button(panel, name="apply")
+    # the notebook staged roundup_power2_divisions:4 after its dry run; the panel keeps it
     nb.wait_for_value("os.environ.get('PYTORCH_ALLOC_CONF')",
-                      "expandable_segments:True,max_split_size_mb:1024", setup="import os")
+                      "expandable_segments:True,max_split_size_mb:1024,roundup_power2_divisions:4",
+                      setup="import os")
     nb.screenshot("quickstart-after-apply")
+    _dry_run_cells_show_their_answers(nb)
+
+
+def _dry_run_cells_show_their_answers(nb) -> None:
+    """What Run All shows in the dry-run section: the estimate, the planner's table, the ranking.
+    The window is made tall enough for every cell: Lab draws only the cells in view."""
+    nb.page.set_viewport_size({"width": 1280, "height": 30_000})
+    wait_until(lambda: "batch 512" in "\n".join(nb.notebook.locator(".jp-OutputArea").all_inner_texts()),
+               timeout=30, what="the planner's answer on the page")
+    texts = "\n".join(nb.notebook.locator(".jp-OutputArea").all_inner_texts())
+    assert "A dry run (estimate) for Tesla T4" in texts and "CUDA was not started" in texts
+    assert "largest predicted to fit with (torch defaults): batch 512" in texts
+    assert "a dry run (estimate) of your step on Tesla T4" in texts
+    assert "\x1b[K" not in texts and "[K" not in texts  # the CLI's progress line is not left behind
+    cell = nb.page.locator(".jp-CodeCell").filter(has_text="%%allocconf dryrun").first
+    cell.screenshot(path=str(screenshot(nb.page, "quickstart-dry-run")))
 
 
 def test_restart_command_restarts_through_the_server_and_settings_come_back(jupyter_server,

@@ -53,10 +53,12 @@ def test_whatif_charts_rows_and_confirmation_are_whole_and_draw_this_kernels_set
     assert "— max_split_size_mb:128 (this kernel)" in seen.legend, seen.legend
 
 
-def test_oom_card_apply_button_and_sites_table_are_whole(notebook_page):
+def test_oom_card_apply_button_confirmation_and_sites_table_are_whole(notebook_page):
+    """The card's confirmation has the What if? tab's style (issue 42: "Apply these …" / "Ca…",
+    115 px for 136 px of text): question above, buttons under it at their text's width."""
     seen = flight_scene(_open(notebook_page, FLIGHT_CELLS), "lab")
     assert seen.cut == [], seen.cut
-    assert seen.texts == ["Apply max_split_size_mb:128"]
+    assert seen.texts == ["Apply max_split_size_mb:128", "Apply these settings", "Cancel"]
 
 
 def test_simulate_table_fits_a_1400px_window(notebook_page):

@@ -95,6 +95,20 @@ def test_bad_value_shows_the_message_and_changes_nothing(notebook_page):
                     setup="from allocconf_widget.app.session import get_session") == 512
 
 
+@pytest.mark.parametrize("ui", ["lab", "notebook"])
+def test_an_invalid_value_keeps_after_apply_on_the_string_line(notebook_page, ui):
+    """The string line is what Apply would write, not what the variable holds: it says "(after
+    Apply)" for an invalid value too, as for every other draft (it dropped the words there)."""
+    nb, panel = _open_panel(notebook_page, ui)
+    row = _row(panel, "max_split_size_mb")
+    set_toggle(row, "allocconf-set", True)
+    wait_for_text(panel, "allocconf-status", re.compile(r"max_split_size_mb:512 \(after Apply\)"))
+    type_text(row, "allocconf-exact", "8")
+    text = wait_for_text(panel, "allocconf-status", re.compile(r"too small"))
+    assert text.splitlines()[0].strip() == f"{VAR}=max_split_size_mb:8 (after Apply)", text
+    screenshot(nb.page, f"panel-invalid-after-apply-{ui}")
+
+
 def test_same_flow_in_notebook_7(notebook_page):
     nb, panel = _open_panel(notebook_page, "notebook")
     row = _row(panel, "expandable_segments")

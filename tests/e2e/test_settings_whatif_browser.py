@@ -141,6 +141,18 @@ def test_copy_snippet_copies_to_the_clipboard(notebook_page, ui):
     assert "export PYTORCH_ALLOC_CONF='expandable_segments:True'" in copied
     area = find_widget(panel, "snippet-text").locator("textarea").first
     assert area.input_value() == copied  # the fallback shows the same lines
+    # the lines below change: the note no longer says they were copied (the clipboard still
+    # holds the old ones), until Copy snippet copies the new ones
+    set_toggle(_row(panel, "max_split_size_mb"), "allocconf-set", True)
+    wait_until(lambda: "max_split_size_mb" in area.input_value(), timeout=15,
+               what="the snippet box to follow the draft")
+    note = wait_for_text(panel, "allocconf-snippet-note", re.compile(r"changed since the copy"))
+    assert "Copied to the clipboard" not in note
+    assert nb.page.evaluate("navigator.clipboard.readText()") == copied
+    screenshot(nb.page, f"snippet-changed-{ui}")
+    click_button(panel, name="snippet")
+    wait_for_text(panel, "allocconf-snippet-note", re.compile(r"Copied to the clipboard"), timeout=15)
+    assert "max_split_size_mb" in nb.page.evaluate("navigator.clipboard.readText()")
 
 
 @pytest.mark.parametrize("ui", UIS)

@@ -183,7 +183,7 @@ def test_oom_observer_and_assistant_explain_a_real_oom(tmp_path):
         still_sampling = sampler.running and sampler.rounds > rounds and sampler.status == OK
         ooms_seen = sampler.latest[0].num_ooms
         sampler.stop()
-        path = write_live_snapshot({str(tmp_path / "oom.pickle")!r}, kind="oom")
+        path = write_live_snapshot({str(tmp_path / "oom.pickle")!r}, kind="oom").path
         emit(attached_early=attached_early, observed=report.observed is not None,
              alloc=report.observed.alloc if report.observed else None,
              rules=[a.rule for a in report.advice], headline=report.headline,
@@ -211,3 +211,27 @@ def test_one_series_per_device():
     """)
     assert out["devices"][:2] == [0, 1]
     assert out["r1"] > out["r0"] > 0
+
+
+def test_a_live_snapshot_is_saved_with_the_facts_its_replay_needs(tmp_path):
+    """The monitor's (and the OOM card's) Save snapshot writes a sidecar: `allocconf simulate`
+    on the file then takes the torch release, the device's memory and the fraction from it."""
+    out = run_scenario(f"""
+        from allocconf_widget.app.exports import write_live_snapshot
+        train(3)
+        torch.cuda.set_per_process_memory_fraction(0.5)
+        saved = write_live_snapshot({str(tmp_path / "live.pickle")!r})
+        free, total = torch.cuda.mem_get_info(0)
+        emit(sidecar=str(saved.sidecar), meta=json.loads(open(saved.sidecar).read()), total=total,
+             version=torch.__version__)
+    """)
+    meta = out["meta"]
+    assert out["sidecar"].endswith("live.json")
+    assert meta["torch"] == out["version"] and meta["device_total_bytes"] == out["total"]
+    assert meta["fraction"] == 0.5 and 0 < meta["free_at_start_bytes"] <= out["total"]
+    run = subprocess.run([sys.executable, "-m", "allocconf_widget", "simulate", str(tmp_path / "live.pickle"),
+                          "--no-rank", "--workers", "1"], capture_output=True, text=True, timeout=300,
+                         check=False, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert run.returncode == 0, run.stderr
+    assert "from the recording's sidecar live.json" in run.stderr
+    assert "device capacity unknown" not in run.stderr

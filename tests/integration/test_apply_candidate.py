@@ -62,7 +62,8 @@ def test_a_whatif_row_keeps_the_pinned_options(clean_env):
         row = next(r for r in view._rows if r.conf == "expandable_segments:True")
         plan = view.ask(row)
         assert plan is not None and plan.needs_confirmation  # it unsets max_split_size_mb:256
-        assert "keeps pinned_use_cuda_host_register, pinned_num_register_threads" in row.question.value
+        question = row.confirm.question.value
+        assert "keeps pinned_use_cuda_host_register, pinned_num_register_threads" in question
         assert os.environ[READ_VAR] == BEFORE  # nothing before the yes
         outcome = view.apply("expandable_segments:True")
         assert isinstance(outcome, ApplyOutcome)
@@ -82,10 +83,10 @@ def test_the_oom_cards_apply_asks_first_and_keeps_the_pinned_options(clean_env):
     assert winner is not None
     view.apply_button.click()  # the green button: a question, nothing applied
     assert os.environ[READ_VAR] == BEFORE
-    question = html.unescape(view.question.value)
+    question = html.unescape(view.confirm.question.value)
     assert "a recording of another run, not from this kernel's own run" in question
     assert "pinned_use_cuda_host_register" in question  # it says what it keeps
-    view.yes.click()
+    view.confirm.yes.click()
     _kept(session)
     assert session.view().applied.get(winner.conf.partition(":")[0]) is not None
     assert view.applied is not None and "Applied" in view.result.value
@@ -145,7 +146,7 @@ def test_a_rows_apply_says_it_replaces_a_staged_draft_and_saves(clean_env):
         row = next(r for r in view._rows if r.conf == "expandable_segments:True")
         plan = view.ask(row)
         assert plan is not None and plan.needs_confirmation
-        question = html.unescape(row.question.value)
+        question = html.unescape(row.confirm.question.value)
         assert "replaces your staged draft garbage_collection_threshold:0.8" in question
         assert "which is not applied" in question
         assert "saved for this project and re-applied in new kernels" in question

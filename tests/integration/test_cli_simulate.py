@@ -76,7 +76,7 @@ def trace_file(tmp_path: Path) -> Path:
 
 
 def test_no_conf_replays_recorded_settings_with_self_check(trace_file: Path) -> None:
-    result = _simulate_cli(trace_file, "--torch-version", "2.11")
+    result = _simulate_cli(trace_file, "--torch-version", "2.11", "--no-rank")
     assert result.returncode == 0, result.stderr
     assert "self-check" in result.stdout
     assert "reproduced (100.0%)" in result.stdout
@@ -86,7 +86,7 @@ def test_no_conf_replays_recorded_settings_with_self_check(trace_file: Path) -> 
 
 def test_json_has_one_object_per_conf_in_order(trace_file: Path) -> None:
     confs = ["expandable_segments:True", "max_split_size_mb:128", ""]
-    args: list[str] = ["--torch-version", "2.11", "--json"]
+    args: list[str] = ["--torch-version", "2.11", "--json", "--no-rank"]
     for c in confs:
         args += ["--conf", c]
     result = _simulate_cli(trace_file, *args)
@@ -103,7 +103,7 @@ def test_json_has_one_object_per_conf_in_order(trace_file: Path) -> None:
 
 
 def test_json_without_conf_describes_the_recorded_settings(trace_file: Path) -> None:
-    result = _simulate_cli(trace_file, "--torch-version", "2.11", "--json")
+    result = _simulate_cli(trace_file, "--torch-version", "2.11", "--json", "--no-rank")
     assert result.returncode == 0, result.stderr
     (doc,) = json.loads(result.stdout)
     assert doc["conf"] == "" and doc["recorded_settings"] is True
@@ -111,7 +111,7 @@ def test_json_without_conf_describes_the_recorded_settings(trace_file: Path) -> 
 
 
 def test_torch_version_is_inferred_when_not_given(trace_file: Path) -> None:
-    result = _simulate_cli(trace_file, "--json")
+    result = _simulate_cli(trace_file, "--json", "--no-rank")
     assert result.returncode == 0, result.stderr
     assert "reproduce this trace best" in result.stderr
     (doc,) = json.loads(result.stdout)
@@ -119,7 +119,7 @@ def test_torch_version_is_inferred_when_not_given(trace_file: Path) -> None:
 
 
 def test_device_total_with_suffix_predicts_an_oom(trace_file: Path) -> None:
-    result = _simulate_cli(trace_file, "--torch-version", "2.11", "--json",
+    result = _simulate_cli(trace_file, "--torch-version", "2.11", "--json", "--no-rank",
                            "--device-total", "100MiB", "--conf", "")
     assert result.returncode == 0, result.stderr
     (doc,) = json.loads(result.stdout)
@@ -220,7 +220,7 @@ def test_a_fraction_the_run_was_not_made_under_leaves_the_self_check_as_recorded
     assert "GC does nothing" not in result.stderr + result.stdout
     assert "peak reserved matches" in result.stdout and "LOW CONFIDENCE" not in result.stdout
     docs = json.loads(_simulate_cli(trace_file, "--torch-version", "2.11", "--device-total", "1GiB",
-                                    "--fraction", "0.05", "--json").stdout)
+                                    "--fraction", "0.05", "--json", "--no-rank").stdout)
     (doc,) = docs
     assert doc["fidelity"]["exact"] is True
     assert doc["peak_reserved_bytes"] <= int(0.05 * 1024 * MiB)  # the row itself is limited
@@ -272,7 +272,7 @@ def _on_a_terminal(*args: str | Path) -> tuple[int, str, str]:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a pseudo-terminal as Linux has it")
 def test_a_terminal_sees_how_far_the_replays_have_got_and_then_a_clean_report(trace_file: Path) -> None:
     code, out, terminal = _on_a_terminal(trace_file, "--conf", "", "--conf", "expandable_segments:True",
-                                         "--workers", "1")
+                                         "--workers", "1", "--no-rank")
     assert code == 0, terminal
     assert "reading trace.pickle.gz" in terminal
     import re

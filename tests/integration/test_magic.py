@@ -229,7 +229,7 @@ def test_apply_then_panel_state_keeps_every_applied_option(ip, capsys):
 
 
 @pytest.mark.parametrize(("line", "message"), [
-    ("set garbage_collection_threshold=0.6,backend:cudaMallocAsync", "would start another option"),
+    ("set garbage_collection_threshold=0.6,backend:cudaMallocAsync", "uses .=. between option and value"),
     ("unset max_split_size", "did you mean max_split_size_mb"),
     ("set max_split_size=default", "did you mean max_split_size_mb"),
     ("set =5", "option name is missing"),
@@ -650,3 +650,23 @@ def test_set_quotes_a_bad_value_as_it_was_typed(ip, sep):
     assert str(info.value).startswith(f"max_split_size_mb{sep}-5 is negative")
     with pytest.raises(UsageError, match=f"give it once, e.g. max_split_size_mb{sep}512"):
         ip.run_line_magic("allocconf", f"set max_split_size_mb{sep}256 max_split_size_mb{sep}512")
+
+@pytest.mark.parametrize("pasted", ["max_split_size_mb=128,expandable_segments:true",
+                                    "garbage_collection_threshold=0.6,max_split_size_mb=128"])
+def test_a_pasted_blog_string_gets_the_same_message_as_allocconf_check(ip, capsys, pasted):
+    """A blog's string with '=' between option and value, quoted whole: the magic said a value
+    "contains ','", while `allocconf check` named the '=' and its fix. One message for both."""
+    check = subprocess.run([sys.executable, "-m", "allocconf_widget", "check", pasted],
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert check.returncode != 0
+    said_by_check = check.stderr.strip().removeprefix("error: ")
+    assert "uses '=' between option and value" in said_by_check, said_by_check
+    with pytest.raises(UsageError) as raised:
+        ip.run_line_magic("allocconf", f'set "{pasted}"')
+    assert str(raised.value) == said_by_check
+    from allocconf_widget.app.session import get_session
+
+    assert get_session(ip).staged().to_string() == ""  # nothing staged
+    # a ',' inside brackets is part of one value: a band list after '=' is still one option
+    staged, _ = magic(ip, "set roundup_power2_divisions=[256:1,512:2,>:8]", capsys)
+    assert staged.to_string().startswith("roundup_power2_divisions:[256:1,512:2,>:8]")

@@ -67,6 +67,13 @@ def _problems(nb: object) -> list[str]:
     return found
 
 
+def _shown(nb: object) -> str:
+    """Streams, and what displays show as text (%allocconf simulate shows an HTML table)."""
+    return "\n".join(out.get("text", "") or out.get("data", {}).get("text/plain", "")
+                     for cell in nb.cells if cell.cell_type == "code"  # type: ignore[attr-defined]
+                     for out in cell.outputs)
+
+
 def _widget_text(nb: object) -> str:
     """Everything the notebook's widgets show (nbclient saves their state in the metadata)."""
     state = nb.metadata.get("widgets", {})  # type: ignore[attr-defined]
@@ -77,10 +84,14 @@ def _widget_text(nb: object) -> str:
 def test_quickstart_runs_clean_and_shows_the_oom_view(tmp_path, monkeypatch):
     nb = _run("quickstart.ipynb", tmp_path, monkeypatch)
     assert _problems(nb) == []
-    text = "\n".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code"
-                     for out in cell.outputs)
+    text = _shown(nb)
     assert "No module named" not in text  # `!{sys.executable} -m allocconf_widget` is the kernel's
-    assert "expandable_segments:True       5.29 GiB" in text  # the CLI cell ran, in this environment
+    # the CLI cell ran, in this environment, and ranked as %allocconf simulate does
+    assert re.search(r"expandable_segments:True +5\.29 GiB", text) and "why:" in text
+    _dry_run_and_planner_ran(text, "T4")
+    assert re.search(r"Tesla T4 \(14\.50 GiB usable\).*NVIDIA A100-SXM4-40GB", text, re.S)
+    # %allocconf set predicts the draft on the dry run; simulate ranks it (no recording here)
+    assert "Prediction from a dry run (estimate) of your step on Tesla T4" in text
     # the OOM view, on the real out-of-memory error recorded on an H200, labelled as a recording
     assert "Recording (not this kernel): 'fragment' workload on an NVIDIA H200" in text
     widgets = _widget_text(nb)
@@ -91,11 +102,20 @@ def test_quickstart_runs_clean_and_shows_the_oom_view(tmp_path, monkeypatch):
 def test_colab_notebook_runs_clean_without_a_gpu(tmp_path, monkeypatch):
     nb = _run("colab.ipynb", tmp_path, monkeypatch)
     assert _problems(nb) == []
-    # streams, and what displays show as text (%allocconf simulate shows an HTML table)
-    text = "\n".join(out.get("text", "") or out.get("data", {}).get("text/plain", "")
-                     for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs)
+    text = _shown(nb)
     assert "not recording" in text and "needs a CUDA GPU" in text  # the cell ran, and says so
-    assert "bundled H200 recording" in text  # and the what-if falls back to the bundled recording
+    assert "bundled H200 recording" in text  # the report falls back to the bundled recording …
+    _dry_run_and_planner_ran(text, "T4")  # … and the what-if ranks the dry run of the step
+
+
+def _dry_run_and_planner_ran(text: str, gpu: str) -> None:
+    """The dry-run cell predicted its step on a CPU-only machine (inference: a CPU-only torch
+    records no backward pass, and says so), the planner found a largest batch, and
+    %allocconf simulate ranked settings on the dry run."""
+    assert f"A dry run (estimate) for Tesla {gpu}" in text and "CUDA was not started" in text
+    assert "CPU-only build: the dry run follows CUDA's dispatch but cannot record a backward pass" in text
+    assert re.search(r"largest predicted to fit with \(torch defaults\): batch \d+", text)
+    assert f"trace: a dry run (estimate) of your step on Tesla {gpu}" in text
 
 
 def test_the_demo_environment_has_what_torch_warns_without():

@@ -46,7 +46,7 @@ def ip():
 
 
 def _cli() -> list[tuple[str, int, bool]]:
-    run = subprocess.run([sys.executable, "-m", "allocconf_widget", "simulate", str(TRACE), "--recommend",
+    run = subprocess.run([sys.executable, "-m", "allocconf_widget", "simulate", str(TRACE),
                           "--json", "--workers", "1", "--non-pytorch", str(NON_PYTORCH)],
                          capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0, run.stderr

@@ -9,6 +9,7 @@ Only the rows of the installed torch are shown; the tests ask it which those are
 
 from __future__ import annotations
 
+import html
 import os
 
 import pytest
@@ -77,6 +78,9 @@ def test_unticked_rows_show_torchs_defaults(panel):
     for row in rows.values():
         assert "default (unset)" in row.hint.value
         assert row.editor.layout.width == "430px"
+        row.enabled.value = True  # ticked: what the option does, its unit and torch's default
+        hint = html.unescape(row.hint.value)
+        assert row.spec.summary in hint and f"torch's default: {row.spec.default})" in hint, hint
 
 
 @needs_torch((2, 11), "large_segment_size_mb")

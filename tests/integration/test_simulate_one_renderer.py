@@ -1,5 +1,6 @@
-"""One simulation, one renderer: ``allocconf simulate --recommend`` and ``%allocconf simulate``
-print the same header, table and reasons for the same file, under the same torch rules."""
+"""One simulation, one renderer: ``allocconf simulate`` and ``%allocconf simulate`` rank by
+default and print the same header, table and reasons for the same file, under the same torch
+rules; ``--no-rank`` gives both the self-check's one row, and ``--recommend`` changes nothing."""
 
 from __future__ import annotations
 
@@ -34,13 +35,14 @@ def _table(text: str) -> str:
                      for line in lines)
 
 
-def _both(ip, capsys, path: Path) -> tuple[subprocess.CompletedProcess[str], str]:
-    """``allocconf simulate --recommend PATH`` and ``%allocconf simulate PATH``: (CLI run, magic's output)."""
+def _both(ip, capsys, path: Path, *flags: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    """``allocconf simulate PATH`` and ``%allocconf simulate PATH``, with the same ``flags``:
+    (CLI run, magic's output)."""
     cli = subprocess.run([sys.executable, "-m", "allocconf_widget", "simulate", str(path),
-                          "--recommend", "--workers", "1"],
+                          *flags, "--workers", "1"],
                          capture_output=True, text=True, timeout=300, check=False)
     assert cli.returncode == 0, cli.stderr
-    ip.run_line_magic("allocconf", f"simulate {path}")
+    ip.run_line_magic("allocconf", " ".join(["simulate", str(path), *flags]))
     return cli, capsys.readouterr().out
 
 
@@ -48,12 +50,23 @@ def test_cli_and_magic_print_the_same_simulation(ip, capsys):
     # the CLI has no kernel: the recording's settings are "current"; the magic compares with
     # what its kernel runs: torch's defaults here, as in this recording
     cli, magic = _both(ip, capsys, DEFAULTS)
-    assert "why:" in magic and "peak reserved" in magic
+    assert "why:" in cli.stdout and "peak reserved" in magic  # both rank, with the reasons
     assert _table(magic) == _table(cli.stdout)
     # the recording's sidecar gave both the device and the torch release, and both say so
     sidecar = "from the recording's sidecar cnn__default.json: device capacity 139.80 GiB"
     assert sidecar in cli.stderr and sidecar in magic
     assert "torch 2.11; device: 139.80 GiB" in magic
+
+
+def test_no_rank_gives_both_the_self_checks_one_row_and_recommend_changes_nothing(ip, capsys):
+    cli, magic = _both(ip, capsys, DEFAULTS, "--no-rank")
+    assert _table(magic) == _table(cli.stdout)
+    rows = [line for line in cli.stdout.splitlines()[4:] if line.strip()]
+    assert len(rows) == 2 and rows[1].startswith("recorded: (defaults)"), cli.stdout  # header + 1
+    assert "why:" not in cli.stdout and "self-check (replay under the recorded settings): " in cli.stdout
+    ranked, _ = _both(ip, capsys, DEFAULTS)
+    recommended, magic_recommended = _both(ip, capsys, DEFAULTS, "--recommend")
+    assert recommended.stdout == ranked.stdout and _table(magic_recommended) == _table(ranked.stdout)
 
 
 def test_without_a_sidecar_both_infer_the_release_the_same_way(ip, capsys, tmp_path):

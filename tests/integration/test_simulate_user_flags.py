@@ -116,7 +116,7 @@ def test_the_bundled_flight_recording_replays_with_its_own_facts():
 
 
 def test_a_setting_asked_for_twice_is_one_row():
-    run = _cli(str(DATA / "cnn__default.pickle.gz"), "--conf", "", "--conf", "", "--conf",
+    run = _cli(str(DATA / "cnn__default.pickle.gz"), "--no-rank", "--conf", "", "--conf", "", "--conf",
                "expandable_segments:True", "--conf", " expandable_segments:True")
     assert run.returncode == 0, run.stderr
     assert sum(line.startswith("(torch defaults)") for line in run.stdout.splitlines()) == 1

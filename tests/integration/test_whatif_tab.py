@@ -73,14 +73,14 @@ def test_row_apply_says_what_changes_waits_for_a_yes_and_answers_under_the_row()
     row.apply.click()
     # nothing happened yet: the row asks first, naming what will be set, unset and kept
     assert os.environ[VAR] == f"roundup_power2_divisions:8{KEPT}"
-    question = row.question.value
+    question = row.confirm.question.value
     assert "set max_split_size_mb:128" in question
     assert "unset roundup_power2_divisions:8" in question
     assert ("keeps release_lock_on_cudamalloc" in question) == bool(KEPT)
-    assert row.confirm in row.box.children and row.confirm.layout.display == ""
-    row.yes.click()
+    assert row.confirm.widget in row.box.children and row.confirm.widget.layout.display == ""
+    row.confirm.yes.click()
     assert os.environ[VAR] == f"max_split_size_mb:128{KEPT}"
-    assert row.confirm.layout.display == "none"
+    assert row.confirm.widget.layout.display == "none"
     # the tab follows the Session: the rows are ranked again against what the kernel runs now
     row = _row(_settled(view), "max_split_size_mb:128")
     assert row.result.value.startswith("<b>Applied max_split_size_mb:128.</b>")
@@ -113,8 +113,8 @@ def test_an_outcome_goes_once_the_kernel_runs_something_else():
     view.run()
     row = _row(view, "max_split_size_mb:512")  # a row every release (1.13+) is offered
     row.apply.click()
-    if row.yes is not None:  # asked first only when it unsets something
-        row.yes.click()
+    if row.confirm is not None:  # asked first only when it unsets something
+        row.confirm.yes.click()
     assert _row(_settled(view), "max_split_size_mb:512").result.value.startswith("<b>Applied")
     _applied(session, "max_split_size_mb:128")  # the Settings tab, the magic or the OOM card
     _settled(view)
@@ -129,13 +129,13 @@ def test_cancel_changes_nothing():
     view.run()
     row = _row(view, "max_split_size_mb:256")
     row.apply.click()
-    assert "set max_split_size_mb:256" in row.question.value
-    question, buttons = row.confirm.children  # the question above its buttons
-    assert question is row.question
+    assert "set max_split_size_mb:256" in row.confirm.question.value
+    question, buttons = row.confirm.widget.children  # the question above its buttons
+    assert question is row.confirm.question
     cancel = next(b for b in buttons.children if b.description == "Cancel")
     assert cancel.layout.flex == "0 0 auto"  # never shrunk to "Can…" (issue 24, item 2)
     cancel.click()
-    assert row.confirm.layout.display == "none"
+    assert row.confirm.widget.layout.display == "none"
     assert os.environ.get(VAR) is None
     view.close()
 
@@ -210,7 +210,7 @@ def test_the_settings_tab_shows_an_apply_made_in_this_tab():
     view.run()
     row = _row(view, "")  # back to torch's defaults, from the What if? tab
     row.apply.click()
-    row.yes.click()
+    row.confirm.yes.click()
     assert os.environ.get(VAR) in (None, "")
     shown = panel.result.value
     assert shown != first

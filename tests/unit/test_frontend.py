@@ -4,7 +4,7 @@ Colab's front end does not exist on this machine: its detection is fed the
 module/environment markers Colab's kernel has (docs/internals/notebook_facts.md §9), and its
 restart path is checked with the process kill replaced by a recorder — the one
 mock in this suite, because killing the test process is not an option. The
-JupyterLab restart path is exercised for real in tests/e2e/test_restart_browser.py.
+JupyterLab and Notebook 7 restart path is exercised for real in tests/e2e/test_restart_browser.py.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def test_vscode_and_terminal_only_explain():
 
 class _Server:
     """A real HTTP server on 127.0.0.1 answering like a token-less Jupyter server with XSRF on:
-    GET /api/kernels/<id> works, POST /api/kernels/<id>/restart is refused with 403."""
+    GET /api/kernels/<id> works, every POST is refused with 403."""
 
     def __init__(self, kernel: str) -> None:
         import http.server
@@ -100,7 +100,8 @@ def test_a_refused_restart_request_falls_back_at_once_and_says_why(monkeypatch):
         took = time.monotonic() - started
     finally:
         server.close()
-    assert server.posts == ["/api/kernels/k-1/restart"]
+    # asked about a kernel no server runs: a refusal restarts nothing, a 404 would say "go ahead"
+    assert server.posts == ["/api/kernels/00000000-0000-0000-0000-000000000000/interrupt"]
     assert took < 1.0  # a refusal is seen in milliseconds, not at the next cell
     assert outcome.started and outcome.how.startswith("self (server refused: HTTP 403")
     assert "refused the restart request (HTTP 403" in outcome.message

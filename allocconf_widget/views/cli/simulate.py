@@ -1,11 +1,12 @@
 """``allocconf simulate TRACE``: replay a recorded allocator trace under other settings.
 
-Without ``--conf`` the trace is replayed under the settings it was recorded
-with (read from the snapshot's ``allocator_settings``) and the fidelity
-self-check is shown: how many of the recorded segment events the model
-reproduces. Each ``--conf`` adds a what-if replay; ``--recommend`` ranks a
-grid of common settings. ``--json`` prints a JSON array, one object per
-configuration, in order (ranked for ``--recommend``).
+By default it ranks, as ``%allocconf simulate`` and the What-if tab do: a grid of
+common settings, the recorded ones and each ``--conf``, best first, each with its
+reason; the header gives the fidelity self-check (how many of the recorded segment
+events a replay under the recorded settings reproduces). ``--no-rank`` replays only
+each ``--conf``, in the order given, or without one the recorded settings (the
+self-check's one row); ``--recommend`` asks for the default. ``--json``
+prints a JSON array, one object per configuration, in the table's order.
 
 Exit codes: 0 ok (also when an OOM is predicted), 2 bad input.
 """
@@ -41,9 +42,9 @@ def register(subparsers: Any) -> None:
                              "rules reproduce its segment events best, the installed torch on a tie; "
                              "a sidecar's torch where there is one)")
     parser.add_argument("--conf", action="append", metavar="C", default=None,
-                        help="a setting to replay, e.g. expandable_segments:True (repeatable; "
-                             "'' = torch defaults): only these, unless --recommend adds the grid "
-                             "of common settings (as %%allocconf simulate always does)")
+                        help="a setting to add to the ranking, e.g. expandable_segments:True "
+                             "(repeatable; '' = torch defaults); with --no-rank, only these are "
+                             "replayed")
     parser.add_argument("--device-total", metavar="BYTES",
                         help="GPU memory as torch reports it, e.g. 79.2GiB for an H100 80GB or "
                              "139.8GiB for an H200 (80GB reads as 80·10⁹ bytes, 74.51 GiB); default: "
@@ -58,8 +59,12 @@ def register(subparsers: Any) -> None:
                              "where the device still had room)")
     parser.add_argument("--device", type=int, metavar="N", help="CUDA device whose trace to use")
     parser.add_argument("--json", action="store_true", help="print a JSON array")
-    parser.add_argument("--recommend", action="store_true",
-                        help="rank a grid of common settings for this trace")
+    parser.add_argument("--rank", action=argparse.BooleanOptionalAction, default=True,
+                        help="rank a grid of common settings, the recorded ones and each --conf, as "
+                             "%%allocconf simulate does (the default); --no-rank replays only each "
+                             "--conf, or without one the recorded settings (the self-check)")
+    parser.add_argument("--recommend", dest="rank", action="store_const", const=True,
+                        help="the same as the default (--rank)")
     parser.add_argument("--continue-after-oom", action="store_true",
                         help="keep replaying after a predicted OOM instead of stopping there")
     parser.add_argument("--workers", type=int, metavar="N", help="processes to use (default: all cores)")
@@ -110,7 +115,7 @@ def _run(args: argparse.Namespace) -> int:
         if progress is not None:
             progress.say("replaying")
         report = simulate(source, SimulationRequest(
-            confs=tuple(args.conf or ()), rank=args.recommend,
+            confs=tuple(args.conf or ()), rank=args.rank,
             fraction=float(args.fraction) if args.fraction is not None else None,
             continue_after_oom=args.continue_after_oom, workers=args.workers,
             # no kernel here: rows are offered for the torch installed beside this command

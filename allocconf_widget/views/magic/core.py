@@ -114,14 +114,21 @@ def _parse_settings(items: list[str]) -> tuple[dict[str, str | None], str | None
     """``k=v`` / ``k:v`` pairs → options; one ``a:1,b:2`` string (no ``=``) is a whole configuration.
 
     A ``k=v`` value is never pasted into a string: :meth:`Session.update` validates each value
-    on its own, so ``k=0.6,backend:x`` is an error, not two options. The third item maps each
-    name to the separator typed after it, so a message quotes the setting as it was typed.
+    on its own. One item with a ``,`` between options (``k=0.6,backend:x``, a blog's string) is
+    read as a configuration string, so the error is the configuration parser's, the one
+    ``allocconf check`` gives ("uses '=' between option and value … write k:0.6"). The third
+    item maps each name to the separator typed after it, so a message quotes the setting as it
+    was typed.
     """
     if not items or not any(item.strip() for item in items):
         raise AllocConfError("nothing to set", fix="write %allocconf set name=value, e.g. "
                              "%allocconf set expandable_segments=True")
-    if len(items) == 1 and "=" not in items[0] and ("," in items[0] or "[" in items[0]):
-        return {}, items[0], {}
+    item = items[0]
+    if len(items) == 1 and (("=" not in item and ("," in item or "[" in item))
+                            or _commas_between_options(item)):
+        # a configuration string, ':' or (pasted from a blog) '=' between option and value: the
+        # configuration parser says what is wrong, as `allocconf check` does for the same string
+        return {}, item, {}
     options: dict[str, str | None] = {}
     typed_with: dict[str, str] = {}
     for item in items:
@@ -140,6 +147,17 @@ def _parse_settings(items: list[str]) -> tuple[dict[str, str | None], str | None
         options[name] = given
         typed_with[name] = sep
     return options, None, typed_with
+
+
+def _commas_between_options(item: str) -> bool:
+    """Whether ``item`` has a ``,`` outside brackets (``a=1,b:2``), i.e. several options; a band
+    list (``roundup_power2_divisions=[256:1,512:2]``) is one value."""
+    depth = 0
+    for char in item:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth <= 0:
+            return True
+    return False
 
 
 def run_set(args: argparse.Namespace, ctx: MagicContext) -> Any:

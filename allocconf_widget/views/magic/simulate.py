@@ -36,8 +36,13 @@ def register(subparsers: SubParsers) -> None:
     p.add_argument("trace", nargs="?", help="a snapshot pickle with a trace (default: last recording)")
     p.add_argument("--conf", action="append", default=[],
                    help="a setting to add to the ranking, beside the grid of common settings and "
-                        "this kernel's own (repeatable). The CLI's `allocconf simulate --conf` "
-                        "replays only the settings given, unless --recommend")
+                        "this kernel's own (repeatable), as `allocconf simulate --conf` does")
+    p.add_argument("--rank", action=argparse.BooleanOptionalAction, default=True,
+                   help="rank the grid of common settings, this kernel's and each --conf (the "
+                        "default, as `allocconf simulate` does); --no-rank replays only each "
+                        "--conf, or without one the recorded settings (the self-check)")
+    p.add_argument("--recommend", dest="rank", action="store_const", const=True,
+                   help="the same as the default (--rank)")
     p.add_argument("--demo", action="store_true", help="use the bundled H200 recording")
     p.add_argument("--fraction", type=float, help="memory fraction limit in force")
     # the facts a file cannot say, as `allocconf simulate` takes them (app.simulate.SourceOptions)
@@ -137,8 +142,8 @@ def run_simulate(args: argparse.Namespace, ctx: MagicContext) -> Any:
             source = trace_source(ctx.session, args.trace, args.demo, options)
             if progress is not None:
                 progress.say("replaying")
-            report = simulate(source, SimulationRequest(confs=tuple(args.conf), rank=True, fraction=fraction,
-                                                        kernel=view.effective,
+            report = simulate(source, SimulationRequest(confs=tuple(args.conf), rank=args.rank,
+                                                        fraction=fraction, kernel=view.effective,
                                                         draft=view.staged if view.has_changes else None,
                                                         progress=progress))
         finished = True

@@ -122,9 +122,14 @@ class OptionRow:
             self.box.add_class("allocconf-row-error")
             return
         self.box.remove_class("allocconf-row-error")
+        # a ticked row says what its option does, then its unit and torch's default: the unit
+        # alone ("backend name", "True/False") told nothing the editor beside it did not show.
+        # An unticked row stays one line (its name's tooltip says what it does).
         self.hint.value = (f"<span style='{style}'><i>default (unset): "
                            f"{html.escape(self.spec.default)}</i></span>" if unset
-                           else f"<span style='{style}'>{html.escape(kind)}</span>")
+                           else f"<span style='{style}'>{html.escape(self.spec.summary)} <i>("
+                           f"{html.escape(kind)}; torch's default: {html.escape(self.spec.default)})"
+                           "</i></span>")
 
     def _changed(self, _change: Any) -> None:
         if self._quiet:

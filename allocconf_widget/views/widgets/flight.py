@@ -45,6 +45,7 @@ from allocconf_widget.views.charts.segment_map import build_segment_map
 from allocconf_widget.views.charts.segment_map_svg import segment_map_svg
 from allocconf_widget.views.text.flight import analysis_lines, headline, option_line, sureness_text
 from allocconf_widget.views.text.oom import report_text
+from allocconf_widget.views.widgets.confirm import Confirmation, natural_width
 from allocconf_widget.views.widgets.oom_card import report_html
 
 _GOOD, _BAD, _MUTED = "#2ca02c", "#d62728", "#666"
@@ -52,6 +53,10 @@ _NUM = "style='text-align:right;padding:1px 8px'"
 _CELL = "style='text-align:left;padding:1px 8px'"
 #: Segments drawn one per row; smaller ones are summed into one row (totals stay exact).
 MAP_ROWS = 24
+#: A link that looks like one: JupyterLab and Notebook 7 style an ``<a>`` in a widget's HTML as
+#: plain text (no colour, no underline); the colour is the front end's own link colour.
+LINK_STYLE = ("color:var(--jp-content-link-color, #1976d2);text-decoration:underline;"
+              "cursor:pointer")
 
 
 def sites_html(analysis: FlightAnalysis) -> str:
@@ -83,7 +88,7 @@ def verdict_html(analysis: FlightAnalysis) -> str:
     if verdict.also:
         items = "".join(f"<li>{escape(option_line(verdict, o))}</li>" for o in verdict.also[:5])
         parts.append(f"<div style='font-size:12px'>Also avoids it, by peak:</div>"
-                     f"<ol style='margin:2px 0;font-size:12px'>{items}</ol>")
+                     f"<ul style='margin:2px 0;font-size:12px'>{items}</ul>")
     parts.append(f"<div style='font-size:12px'>How sure: {escape(sureness_text(verdict))}</div>")
     notes = "".join(f"<li>{escape(n)}</li>" for n in verdict.notes)
     parts.append(f"<ul style='font-size:11px;color:{_MUTED};margin:2px 0'>{notes}</ul>")
@@ -117,24 +122,15 @@ class FlightOomView:
         self.segments.add_class("allocconf-flight-map")
         self.verdict = W.HTML(verdict_html(analysis))
         self.verdict.add_class("allocconf-flight-verdict")
-        # never shrunk by the result beside it (Lab cut it to "Apply max_split_", icon above);
-        # no icon: Lab drew its glyph above the text line
+        # at its text's width, never shrunk (Lab cut it to "Apply max_split_", icon above) nor
+        # stretched across the card; no icon: Lab drew its glyph above the text line
         self.apply_button = W.Button(description="Apply", button_style="success",
-                                     disabled=True, layout=W.Layout(display="none", flex="0 0 auto",
-                                                                    min_width="max-content"))
+                                     disabled=True, layout=W.Layout(display="none"))
+        natural_width(self.apply_button)
         self.apply_button.add_class("allocconf-flight-apply")
         self.apply_button.on_click(lambda _b: self.ask())
-        # the confirm step: what Apply will change, then a yes
-        self.question = W.HTML()
-        self.question.add_class("allocconf-flight-question")
-        self.yes = W.Button(description="Apply these settings", button_style="warning",
-                            layout=W.Layout(width="auto"))
-        self.yes.add_class("allocconf-flight-confirm")
-        self.yes.on_click(lambda _b: self.apply_winner())
-        self.no = W.Button(description="Cancel", layout=W.Layout(width="auto"))
-        self.no.add_class("allocconf-flight-cancel")
-        self.no.on_click(lambda _b: self._hide_confirm())
-        self.confirm = W.HBox([self.question, self.yes, self.no], layout=W.Layout(display="none"))
+        # the confirm step: what Apply will change, then a yes (the What if? tab's own)
+        self.confirm = Confirmation("flight", self.apply_winner)
         self.result = W.HTML()
         self.result.add_class("allocconf-flight-result")
         self.viewer_button = W.Button(description="Open in PyTorch's viewer", icon="external-link",
@@ -149,7 +145,8 @@ class FlightOomView:
         self.viewer_status.add_class("allocconf-flight-viewer-status")
         # The answer first: the verdict and its Apply button sit right under the breakdown.
         self.widget = W.VBox([
-            self.header, self.breakdown, self.verdict, self.apply_button, self.confirm, self.result,
+            self.header, self.breakdown, self.verdict, self.apply_button, self.confirm.widget,
+            self.result,
             self.sites, self.segments,
             W.HBox([self.viewer_button, self.download_button]), self.viewer_status,
         ])
@@ -183,7 +180,6 @@ class FlightOomView:
                                          + (" (a recording of another run)" if self.analysis.label
                                             else ""))
             self.apply_button.layout.display = ""
-            self.apply_button.layout.width = "auto"
             self.apply_button.disabled = False
         else:  # none avoids it, or the kernel's own settings already do: nothing to apply
             self.apply_button.layout.display = "none"
@@ -199,20 +195,15 @@ class FlightOomView:
             return None
         self.plan = plan
         self.result.value = ""
-        self.question.value = f"{escape(plan.describe())}."
-        self.yes.layout.display = "" if plan.changes else "none"
-        self.confirm.layout.display = ""
+        self.confirm.ask(f"{escape(plan.describe())}.", can_apply=bool(plan.changes))
         return plan
-
-    def _hide_confirm(self) -> None:
-        self.confirm.layout.display = "none"
 
     def apply_winner(self) -> ApplyOutcome | None:
         """Apply the confirmed plan the right way for this runtime; say what to re-run."""
         plan = self.plan
         if plan is None:
             return None
-        self._hide_confirm()
+        self.confirm.hide()
         try:
             outcome = apply_candidate(self.session, plan)
         except Exception as exc:  # invalid for this torch, or torch refusing it: say so
@@ -259,12 +250,12 @@ class FlightOomView:
             link = download_link(path)
             name = escape(path.name)
             if link.url is not None and path.suffix == ".html":
-                out.append(f"<a class='allocconf-flight-link' href='{escape(link.url, quote=True)}' "
-                           f"target='_blank' rel='noopener'>open {name} in a new browser tab</a> "
-                           "(offline, use the segment map above)")
+                out.append(f"<a class='allocconf-flight-link' style='{LINK_STYLE}' "
+                           f"href='{escape(link.url, quote=True)}' target='_blank' rel='noopener'>"
+                           f"open {name} in a new browser tab</a> (offline, use the segment map above)")
             elif link.url is not None:
-                out.append(f"<a class='allocconf-flight-link' href='{escape(link.url, quote=True)}' "
-                           f"download='{name}'>download {name}</a>")
+                out.append(f"<a class='allocconf-flight-link' style='{LINK_STYLE}' "
+                           f"href='{escape(link.url, quote=True)}' download='{name}'>download {name}</a>")
             elif path.suffix == ".html":
                 out.append(f"open {name} in a browser tab{f' ({escape(link.note)})' if link.note else ''}; "
                            "offline, use the segment map above")

@@ -25,7 +25,7 @@ class FlightToggle:
                                      "OOM can be explained (see docs/flight.md)",
                                      layout=W.Layout(width="auto"))
         self.button.add_class("allocconf-flight-toggle")
-        self.stacks = W.Checkbox(value=state.settings.python_stacks, description="Python stacks",
+        self.stacks = W.Checkbox(value=state.settings.python_stacks, description="with Python stacks",
                                  indent=False, layout=W.Layout(width="auto"))
         self.stacks.add_class("allocconf-flight-stacks")
         self.line = W.HTML()
@@ -63,4 +63,8 @@ class FlightToggle:
                 self._syncing = False
         self.button.button_style = "info" if state.on else ""
         bound = f" ({flight.memory_bound(state.settings)})" if state.on else ""
-        self.line.value = f"<span style='font-size:12px'>{escape(state.line + bound)}</span>"
+        # a sentence of its own, set apart: beside the checkbox, "Python stacks flight recorder
+        # off" read as one phrase
+        said = state.line + bound
+        self.line.value = (f"<span style='font-size:12px;color:#555;border-left:1px solid #ccc;"
+                           f"padding-left:8px'>{escape(said[:1].upper() + said[1:])}.</span>")

@@ -307,18 +307,22 @@ class MonitorView:
     def _export(self, what: str, write: Any, hint: str = "") -> None:
         """Write one export into ./allocconf-exports/ and show where, with a download link."""
         from allocconf_widget.adapters.frontend import download_link
+        from allocconf_widget.app.exports import SavedSnapshot
 
         try:
-            path = Path(write())
+            written = write()
         except Exception as exc:  # show, don't raise into the widget callback machinery
             self._say(f"failed: {exc}")
             return
+        # a snapshot comes with its replay sidecar (or a line saying why there is none)
+        beside = f"; {written.sidecar_note()}" if isinstance(written, SavedSnapshot) else ""
+        path = Path(written.path if isinstance(written, SavedSnapshot) else written)
         try:
             shown = path.relative_to(Path.cwd())
         except ValueError:
             shown = path
         link = download_link(path, self.frontend)
-        note = f"{what} written to {shown}{hint}"
+        note = f"{what} written to {shown}{hint}{beside}"
         if link.note:
             note += f" ({link.note})"
         self._say(note, (link.url, "download") if link.url else None)
@@ -335,14 +339,17 @@ class MonitorView:
         self._export("timeline", lambda: write_timeline_json(self.source.timeline, meta=meta))
 
     def _on_snapshot(self, _button: Any = None) -> None:
-        from allocconf_widget.app.exports import write_live_snapshot, write_snapshot
+        """The snapshot and its replay sidecar, so ``allocconf simulate`` on it knows the torch
+        release, the device's memory and the memory fraction."""
+        from allocconf_widget.app.exports import write_live_snapshot, write_recording_snapshot
 
-        if self.recording is not None:
-            rec = self.recording
-            self._export("recording's snapshot",
-                         lambda: write_snapshot(rec.snapshot(), kind="recording"))
+        rec, device = self.recording, self._device
+        if rec is not None:
+            self._export("recording's snapshot", lambda: write_recording_snapshot(rec),
+                         " (open it at pytorch.org/memory_viz)")
         else:
-            self._export("snapshot", write_live_snapshot, " (open it at pytorch.org/memory_viz)")
+            self._export("snapshot", lambda: write_live_snapshot(device=device),
+                         " (open it at pytorch.org/memory_viz)")
 
     def _on_segments(self, _button: Any = None) -> None:
         self._guarded(self._show_segments)

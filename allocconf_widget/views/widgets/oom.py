@@ -48,13 +48,15 @@ class OomPanel:
         from allocconf_widget.app.exports import write_live_snapshot
 
         try:
-            self.saved = write_live_snapshot(kind="oom")
+            saved = write_live_snapshot(kind="oom")
         except Exception as exc:
             self.status.value = f"could not save a snapshot: {escape(str(exc))}"
             return
-        self.status.value = (f"saved <code>{escape(str(self.saved))}</code>: open it at "
+        self.saved = saved.path
+        self.status.value = (f"saved <code>{escape(str(saved.path))}</code>: open it at "
                              "pytorch.org/memory_viz (record stacks first with "
-                             "<code>torch.cuda.memory._record_memory_history()</code> to see who allocated)")
+                             "<code>torch.cuda.memory._record_memory_history()</code> to see who "
+                             f"allocated); {escape(saved.sidecar_note())}")
 
 
 # ----------------------------------------------------------------- the IPython hook

@@ -197,6 +197,15 @@ class Panel:
                                    "put them on the clipboard.</span>")
         self._copy_to_clipboard(text)
 
+    def _snippet_follows(self, text: str) -> None:
+        """New lines in the box: the clipboard still holds the copied ones, and the note says
+        so (it said "Copied to the clipboard" above lines that were never copied)."""
+        if text == self.snippet_area.value:
+            return
+        self.snippet_area.value = text
+        self.snippet_note.value = ("The settings changed since the copy: the lines below are the "
+                                   "new ones, not on the clipboard; click Copy snippet to copy them.")
+
     def _copy_to_clipboard(self, text: str) -> None:
         """Ask the browser to copy ``text`` (the click is the user gesture it requires).
 
@@ -227,7 +236,7 @@ class Panel:
             self._refresh_status()
             self._show_last_apply()
             if self.snippet_area.layout.display != "none":  # the copied lines follow the settings
-                self.snippet_area.value = self._snippet_text()
+                self._snippet_follows(self._snippet_text())
 
     def _tab_changed(self, change: Any) -> None:
         index = change["new"]
@@ -299,7 +308,7 @@ def _print_text_panel(session: Session, why: str) -> None:
     # as the widget panel says it: a draft's line is what Apply would write, not what is in effect
     line = (f"{status.variable}={status.text!r}" if status.text
             else f"{status.variable} unset (torch's defaults)")
-    print(f"{line} (after Apply)" if status.has_changes and not status.error else line)
+    print(f"{line} (after Apply)" if status.has_changes else line)
     prediction = predict_staged(session)
     for line in draft_lines(prediction) if prediction is not None else [NOTHING_YET]:
         print(line)

@@ -155,9 +155,7 @@ class _Row:
     apply: Any
     box: Any
     result: Any = None
-    confirm: Any = None
-    question: Any = None
-    yes: Any = None
+    confirm: Any = None  # a views.widgets.confirm.Confirmation
 
 
 @dataclass(frozen=True)
@@ -344,25 +342,11 @@ class WhatIfView:
         return row
 
     def _confirm_widgets(self, row: _Row) -> None:
-        import ipywidgets as W
+        from allocconf_widget.views.widgets.confirm import Confirmation
 
         if row.confirm is not None:
             return
-        row.question = W.HTML()
-        row.question.add_class("allocconf-whatif-question")
-        row.yes = W.Button(description="Apply these settings", button_style="warning",
-                           layout=W.Layout(width="auto"))
-        row.yes.add_class("allocconf-whatif-confirm")
-        no = W.Button(description="Cancel", layout=W.Layout(width="auto"))
-        no.add_class("allocconf-whatif-cancel")
-        row.yes.on_click(lambda _b: self.apply(row.conf))
-        no.on_click(lambda _b: self._hide_confirm(row))
-        # the question on its own line, the buttons below it at their natural width: in one
-        # row the question took the room and ipywidgets 7 cut the buttons ("Apply these setti…")
-        for button in (row.yes, no):
-            button.layout.flex, button.layout.min_width = "0 0 auto", "max-content"
-        row.confirm = W.VBox([row.question, W.HBox([row.yes, no])],
-                             layout=W.Layout(margin="0 0 0 84px"))
+        row.confirm = Confirmation("whatif", lambda: self.apply(row.conf), margin="0 0 0 84px")
         self._lay_out(row)
 
     def _say(self, row: _Row, text: str) -> None:
@@ -379,7 +363,7 @@ class WhatIfView:
 
     @staticmethod
     def _lay_out(row: _Row) -> None:
-        parts = [row.box.children[0], row.confirm, row.result]
+        parts = [row.box.children[0], row.confirm.widget if row.confirm else None, row.result]
         row.box.children = [part for part in parts if part is not None]
 
     def _mark_rows(self) -> None:
@@ -424,14 +408,12 @@ class WhatIfView:
             self._say(row, _ERROR.format(html.escape(str(exc))))
             return None
         self._confirm_widgets(row)
-        row.question.value = f"{html.escape(plan.describe())}."
-        row.yes.layout.display = "" if plan.changes else "none"
-        row.confirm.layout.display = ""
+        row.confirm.ask(f"{html.escape(plan.describe())}.", can_apply=bool(plan.changes))
         return plan
 
     def _hide_confirm(self, row: _Row) -> None:
         if row.confirm is not None:
-            row.confirm.layout.display = "none"
+            row.confirm.hide()
 
     def apply(self, conf: str) -> ApplyOutcome | None:
         """Apply the row ``conf`` through the one candidate use case; show what happened under it."""
