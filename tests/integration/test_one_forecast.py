@@ -76,7 +76,8 @@ def _cli(path: Path) -> dict[str, Answer]:
     assert run.returncode == 0, run.stderr
     rows = json.loads(run.stdout)
     assert all(row["fits"] == Outcome(row["outcome"]).fits for row in rows)
-    return {row["conf"]: (row["outcome"], row["peak_reserved_bytes"]) for row in rows}
+    return {row["conf"]: (row["outcome"], row["peak_reserved_bytes"]) for row in rows
+            if row["conf"] in _settings()}
 
 
 def _answers(rows: Any) -> dict[str, Answer]:
