@@ -33,7 +33,7 @@ import json, os, sys
 sys.path.insert(0, {bench!r})
 import torch
 import allocconf_widget
-from allocconf_widget.adapters.dryrun import DryRunError
+from allocconf_widget._errors import DryRunError
 from dryrun_workloads import WORKLOADS
 out = {{}}
 try:
