@@ -52,6 +52,9 @@ def _fresh_session(ip):
     from allocconf_widget.app.session import drop_session
 
     drop_session(ip)
+    import allocconf_widget
+
+    ip.user_ns["allocconf_widget"] = allocconf_widget
     ip.user_ns["torch"] = torch
     ip.user_ns["model"] = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
                                               torch.nn.Linear(1024, 256))
@@ -205,3 +208,29 @@ def test_a_one_line_cell_beside_a_1_gib_tensor_it_never_reads_grows_peak_memory_
     growth = int(next(line for line in proc.stdout.splitlines() if line.startswith("GROWTH_KIB")).split()[1])
     assert growth < 256 * 1024, f"peak memory grew by {growth / 1024:.0f} MiB"
     assert "nothing was copied" in proc.stdout
+
+
+def test_a_refused_with_dry_run_block_shows_one_line_naming_the_cells_line(ip, capsys):
+    """The ``with dry_run()`` form of a refused step showed a 79-line traceback through torch's and
+    our frames, naming the kernel's temporary file."""
+    result = ip.run_cell('with allocconf_widget.dry_run("t4", standin=False, progress=False):\n'
+                         '    model = torch.nn.Linear(16, 16).to("cuda")\n'
+                         '    loss = model(torch.randn(4, 16, device="cuda")).sum()\n',
+                         store_history=True)
+    out = capsys.readouterr()
+    shown = (out.out + out.err).strip().splitlines()
+    assert result.error_in_exec is not None
+    assert len(shown) == 1, shown
+    assert shown[0].startswith("DryRunError: this torch") and "the cell's line 3: loss = model(" in shown[0]
+
+
+@pytest.mark.kernel
+def test_in_a_real_kernel_the_refusal_is_one_line_without_the_kernels_temporary_file(kernel):
+    kernel.execute("%load_ext allocconf_widget\nimport torch, allocconf_widget").check()
+    result = kernel.execute('with allocconf_widget.dry_run("t4", standin=False, progress=False):\n'
+                            '    model = torch.nn.Linear(16, 16).to("cuda")\n'
+                            '    loss = model(torch.randn(4, 16, device="cuda")).sum()\n', timeout=120)
+    assert result.error is not None and result.error.startswith("DryRunError: this torch")
+    shown = result.traceback.strip().splitlines()
+    assert len(shown) == 1, result.traceback
+    assert "the cell's line 3" in shown[0] and "ipykernel_" not in shown[0]

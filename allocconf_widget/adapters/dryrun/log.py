@@ -175,8 +175,12 @@ def _user_frames(limit: int = 3) -> list[dict[str, Any]]:
 
 
 def _describe(filename: str, line: int) -> str:
+    """``file, line N: source``; a notebook cell (IPython's or a kernel's file for it) is named as
+    the cell a user sees, not by its temporary file."""
     source = linecache.getline(filename, line).strip()
-    return f"{filename}, line {line}" + (f": {source}" if source else "")
+    where = (f"the cell's line {line}" if filename.startswith(("<ipython-input-", "<dry-run cell"))
+             or "/ipykernel_" in filename else f"{filename}, line {line}")
+    return where + (f": {source}" if source else "")
 
 
 def user_line(tb: TracebackType | None) -> str | None:
