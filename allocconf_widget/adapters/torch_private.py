@@ -1,4 +1,5 @@
-"""The single home of every call into torch's private allocator API.
+"""The single home of every call into torch's private allocator API (the dry run's fake-tensor
+machinery has its own package, ``adapters/dryrun/``).
 
 Private names drift between releases (``_set_allocator_settings`` became a
 deprecated wrapper of ``torch._C._accelerator_setAllocatorSettings`` in
