@@ -138,6 +138,8 @@ def test_progress_uses_tqdm_auto_where_it_is_installed(monkeypatch):
     made: list[dict] = []
 
     class Bar:
+        monitor_interval = 10
+
         def __init__(self, **kwargs: object) -> None:
             made.append(dict(kwargs))
             self.n = 0
@@ -158,6 +160,7 @@ def test_progress_uses_tqdm_auto_where_it_is_installed(monkeypatch):
     line.close()
     assert made == [{"total": 4, "desc": "plan BATCH", "unit": "dry runs", "leave": False, "file": None,
                      "postfix": "BATCH=64 on Tesla T4", "n": 2, "closed": True}]
+    assert Bar.monitor_interval == 0  # tqdm's monitor thread would start inside the dry run
 
 
 def test_ctrl_c_in_a_plan_prints_the_sizes_done_and_leaves_everything_as_it_was(ip, capsys):

@@ -16,6 +16,7 @@ run started are not inside it: a CUDA start from one is refused by
 from __future__ import annotations
 
 import threading
+import time
 from types import ModuleType
 from typing import Any
 
@@ -63,8 +64,9 @@ class ThreadsFollowed:
     def __exit__(self, *exc: object) -> None:
         if self._saved is not None:
             threading.Thread.start = self._saved  # type: ignore[method-assign]
+        deadline = time.monotonic() + 0.5  # a thread that ends as the step does: wait a little, once
         for thread in self.started:
-            thread.join(timeout=0.5)
+            thread.join(timeout=max(deadline - time.monotonic(), 0.0))
         alive = [t.name for t in self.started if t.is_alive()]
         if alive:
             self._notes.add(f"thread(s) {', '.join(repr(n) for n in alive)}, started by the step, were still "

@@ -39,6 +39,8 @@ class ProgressLine:
             return
         if self._tqdm is not None:
             if self._bar is None:
+                # no monitor thread: a dry run would take a thread started inside it for the step's
+                self._tqdm.monitor_interval = 0
                 self._bar = self._tqdm(total=self._total, desc=self._what, unit=self._unit, leave=False,
                                        file=self._stream)
             self._bar.n = done
