@@ -120,3 +120,22 @@ def test_a_dry_run_records_the_profiles_kernel_not_this_machines():
         with torch.no_grad():
             torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
     assert run.trace.peak_requested > 4 * 8 * 2048 * 2048 * 4
+
+
+@needs_torch((2, 6), "the dry run's fake CUDA tensors (verified on 2.11 and 2.13)")
+def test_kernels_the_program_turns_off_are_not_chosen_and_the_switch_is_put_back():
+    """``sdpa_kernel([...])`` (how a T4's choice is reproduced on a Hopper GPU) and
+    ``enable_flash_sdp(False)`` restrict the choice in the dry run as on the GPU; a switch the step
+    flips is put back afterwards."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import allocconf_widget
+
+    flash_before = torch.backends.cuda.flash_sdp_enabled()
+    with allocconf_widget.dry_run("h100", progress=False) as run:
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            _attention_step()
+        torch.backends.cuda.enable_flash_sdp(False)
+    notes = [n for n in run.all_notes() if n.startswith("attention ran as")]
+    assert len(notes) == 1 and "memory-efficient attention" in notes[0] and "turned off" in notes[0]
+    assert torch.backends.cuda.flash_sdp_enabled() is flash_before

@@ -83,7 +83,7 @@ def attention_function(torch: ModuleType, gpu: GpuProfile, notes: Notes, counted
                                dropout=dropout, requires_grad=grad)
         if shape is None:
             return original(*args, **kwargs)
-        choice = choose(gpu.capability, shape, cudnn_preferred=cudnn_preferred)
+        choice = choose(gpu.capability, shape, cudnn_preferred=cudnn_preferred, disabled=_disabled(torch))
         notes.add(f"attention ran as {gpu.name} would run it: {choice.describe()}",
                   key=f"sdpa {choice.backend} {shape.dtype}")
         if shape.grouped and gqa and choice.backend in (EFFICIENT, MATH):
@@ -103,6 +103,15 @@ def attention_function(torch: ModuleType, gpu: GpuProfile, notes: Notes, counted
                                                        scale=scale)[0]
 
     return call
+
+
+def _disabled(torch: ModuleType) -> frozenset[str]:
+    """The SDPA backends the program turned off (global flags; ``sdpa_kernel`` sets them too)."""
+    backends = getattr(torch.backends, "cuda", None)
+    flags = {FLASH: "flash_sdp_enabled", EFFICIENT: "mem_efficient_sdp_enabled", MATH: "math_sdp_enabled",
+             CUDNN: "cudnn_sdp_enabled"}
+    return frozenset(name for name, probe in flags.items()
+                     if callable(getattr(backends, probe, None)) and not getattr(backends, probe)())
 
 
 def _bias(torch: ModuleType, mask: Any, query: Any) -> Any:

@@ -226,10 +226,22 @@ class TorchDefaultsRestored:
                           lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1])))
         if hasattr(torch, "get_float32_matmul_precision"):
             pairs.append((torch.get_float32_matmul_precision, torch.set_float32_matmul_precision))
-        cudnn = getattr(getattr(torch, "backends", None), "cudnn", None)
-        for flag in ("enabled", "benchmark", "deterministic"):
+        backends = getattr(torch, "backends", None)
+        cudnn = getattr(backends, "cudnn", None)
+        for flag in ("enabled", "benchmark", "deterministic", "allow_tf32"):
             if cudnn is not None and hasattr(cudnn, flag):
                 pairs.append((lambda f=flag: getattr(cudnn, f), lambda v, f=flag: setattr(cudnn, f, v)))
+        matmul = getattr(getattr(backends, "cuda", None), "matmul", None)
+        for flag in ("allow_tf32", "allow_fp16_reduced_precision_reduction",
+                     "allow_bf16_reduced_precision_reduction"):
+            if matmul is not None and hasattr(matmul, flag):
+                pairs.append((lambda f=flag: getattr(matmul, f), lambda v, f=flag: setattr(matmul, f, v)))
+        cuda_backends = getattr(backends, "cuda", None)
+        for kind in ("flash", "mem_efficient", "math", "cudnn"):  # which attention kernels may run
+            probe, setter = getattr(cuda_backends, f"{kind}_sdp_enabled", None), \
+                getattr(cuda_backends, f"enable_{kind}_sdp", None)
+            if callable(probe) and callable(setter):
+                pairs.append((probe, setter))
         numpy_random = getattr(sys.modules.get("numpy"), "random", None)
         if numpy_random is not None and hasattr(numpy_random, "get_state"):
             pairs.append((numpy_random.get_state, numpy_random.set_state))

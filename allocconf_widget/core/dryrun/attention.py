@@ -154,20 +154,25 @@ def _cudnn(cap: tuple[int, int], call: AttentionCall) -> str | None:
     return None
 
 
-def choose(capability: tuple[int, int], call: AttentionCall, *, cudnn_preferred: bool = False) -> Choice:
-    """The kernel SDPA would run for ``call`` on a GPU of ``capability``, with torch's default
-    settings (every backend enabled). ``cudnn_preferred``: :func:`cudnn_first` of the build."""
+def choose(capability: tuple[int, int], call: AttentionCall, *, cudnn_preferred: bool = False,
+           disabled: frozenset[str] = frozenset()) -> Choice:
+    """The kernel SDPA would run for ``call`` on a GPU of ``capability``. ``cudnn_preferred``:
+    :func:`cudnn_first` of the build; ``disabled``: backends the program turned off
+    (``torch.backends.cuda.enable_flash_sdp(False)``, ``sdpa_kernel``)."""
     order = (CUDNN, FLASH, EFFICIENT, MATH) if cudnn_preferred else (FLASH, EFFICIENT, MATH)
     checks = {CUDNN: _cudnn, FLASH: _flash, EFFICIENT: _efficient}
     passed: list[tuple[str, str]] = []
     for backend in order:
+        if backend in disabled:
+            passed.append((backend, "turned off by the program"))
+            continue
         if backend == MATH:
             return Choice(MATH, tuple(passed))
         why = checks[backend](capability, call)
         if why is None:
             return Choice(backend, tuple(passed))
         passed.append((backend, why))
-    return Choice(MATH, tuple(passed))  # pragma: no cover - MATH ends every order
+    return Choice(MATH, tuple(passed))  # every backend turned off: torch raises; math records the most
 
 
 def backward_workspace_bytes(backend: str, call: AttentionCall) -> int:
