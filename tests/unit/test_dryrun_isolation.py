@@ -178,6 +178,7 @@ class InterruptAt:
         self.n = n
         self.count = 0
         self.marks: list[int] = []
+        self._previous: Any = None
 
     def mark(self) -> None:
         """Note where the step starts and ends (the dry run's own start and finish lie outside)."""
@@ -200,11 +201,12 @@ class InterruptAt:
             signal.raise_signal(signal.SIGINT)
 
     def __enter__(self) -> InterruptAt:
+        self._previous = sys.gettrace()  # a coverage tool's, if one runs
         sys.settrace(self._global)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        sys.settrace(None)
+        sys.settrace(self._previous)
 
 
 def _dry_run(standin: bool) -> Any:
