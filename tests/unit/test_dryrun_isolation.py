@@ -248,6 +248,9 @@ def events() -> dict[bool, tuple[int, int, int]]:
 PHASES = ("start", "step", "finish")
 
 
+# a Ctrl-C that lands inside a finalizer (a storage freed) is reported by Python as unraisable,
+# as it is in a notebook: it is lost, not a state left changed
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(standin=st.booleans(), phase=st.sampled_from((*PHASES, "none")), where=st.floats(0.0, 1.0))
 def test_real_state_is_exactly_as_before_after_any_interrupt(events, standin, phase, where):
