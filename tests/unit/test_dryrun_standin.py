@@ -171,3 +171,16 @@ def test_reading_a_value_shows_no_torch_warning(recwarn):
 
     _dry(step)
     assert not [w for w in recwarn if "data pointer" in str(w.message)]
+
+
+def test_slicing_runs_where_fake_cuda_tensors_could_not():
+    """On this build, slicing a fake CUDA tensor stopped the dry run, advising inference under
+    no_grad, which the cell already did; the stand-in runs it (and the copy a slice makes counts)."""
+    def step() -> None:
+        x = torch.randn(64, 1024, device="cuda")
+        with torch.no_grad():
+            x[:, :512].contiguous()
+
+    run = _dry(step)
+    sizes = [e["size"] for e in run.trace.entries if e["action"] == "alloc"]
+    assert sizes == [64 * 1024 * 4, 64 * 512 * 4]
