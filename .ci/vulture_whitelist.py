@@ -102,3 +102,6 @@ _.is_capturing
 _.elapsed_time
 _.ipc_handle
 _.synchronize
+
+# ---- Read by tqdm (views/text/progress.py): 0 starts no monitor thread.
+_.monitor_interval
