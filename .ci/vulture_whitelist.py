@@ -89,3 +89,20 @@ _.flex  # ipywidgets Layout traits (views/widgets/confirm.natural_width: buttons
 _.min_width
 _.align_self
 _.cuda_was_initialized  # adapters/dryrun.DryRunTrace: part of the trace's record (also noted in its notes)
+
+# ---- The dry run's stand-ins for torch.cuda's Stream and Event (adapters/dryrun/entry_points.py):
+# torch's own API, called by the user's step, never by the package.
+_.cuda_stream
+_.stream_id
+_.device_index
+_.device_type
+_.wait_event
+_.wait_stream
+_.record_event
+_.is_capturing
+_.elapsed_time
+_.ipc_handle
+_.synchronize
+
+# ---- Read by tqdm (views/text/progress.py): 0 starts no monitor thread.
+_.monitor_interval

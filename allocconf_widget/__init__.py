@@ -66,15 +66,18 @@ def rank_reporter(rank: int | None = None, *, interval: float = 0.5,
     return start_reporter(rank=rank, interval=interval, devices=devices)
 
 
-def dry_run(gpu: Any = None, *, rules: bool = True) -> Any:
+def dry_run(gpu: Any = None, *, rules: bool = True, standin: bool | None = None,
+            progress: bool = True) -> Any:
     """Predict a step's GPU memory before CUDA starts: ``with allocconf_widget.dry_run() as run:``.
 
     The block runs on fake CUDA tensors (no GPU memory, CUDA never starts, so every allocator
     setting stays open); afterwards ``run.predict("expandable_segments:True")``,
     ``run.save("step.pickle")`` (``allocconf simulate`` replays it). ``gpu``: ``"t4"``,
     ``"l4"``, ``"a100-40"``, ``"a100-80"``, ``"h100"``, ``"h200"``, or None for this runtime's
-    GPU. See docs/dryrun.md.
+    GPU. Where no GPU is visible the step runs on the CPU stand-in, labelled the coarser
+    estimate it is (``standin=False`` forces fake CUDA tensors: inference only there).
+    ``progress``: show the ops dispatched while a long block runs. See docs/dryrun.md.
     """
     from allocconf_widget.views.python.dryrun import dry_run as start
 
-    return start(gpu, rules=rules)
+    return start(gpu, rules=rules, standin=standin, progress=progress)

@@ -20,18 +20,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from allocconf_widget._errors import AllocConfError, AllocConfWarning, DryRunError, RuntimeStateError
-from allocconf_widget.core.dryrun.facts import GAPS, LABEL, SNAPSHOT_MARK
+from allocconf_widget.core.dryrun.facts import GAPS, LABEL, SNAPSHOT_MARK, STANDIN_LABEL
 from allocconf_widget.core.dryrun.profiles import GpuProfile, profile
 from allocconf_widget.core.units import format_bytes
 
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from allocconf_widget.adapters.dryrun import DryRunTrace
+    from allocconf_widget.adapters.dryrun.namespace import CopyReport
+    from allocconf_widget.adapters.dryrun.run import DryRunTrace
     from allocconf_widget.app.simulate import SimulationReport, SimulationRow
     from allocconf_widget.app.sources import RecordingHolder, TraceSource
     from allocconf_widget.app.trace_cache import TraceCache
     from allocconf_widget.core.config.conf import AllocConf
+    from allocconf_widget.core.dryrun.dispatch import Dispatch
     from allocconf_widget.core.sim.outcome import Outcome
 
     class EstimateHolder(RecordingHolder, Protocol):
@@ -60,12 +62,14 @@ def resolve_gpu(gpu: str | GpuProfile | None) -> tuple[GpuProfile, str | None]:
     return profile("t4"), "no GPU visible to NVML: predicting for a Tesla T4 (pass gpu= to choose)"
 
 
-def cell_namespace(user_ns: dict[str, Any]) -> dict[str, Any]:
+def cell_namespace(user_ns: dict[str, Any], source: str | None = None) -> tuple[dict[str, Any], CopyReport]:
     """The namespace a dry-run cell runs in: a copy of the notebook's, so names the cell
-    assigns and models it moves to "cuda" stay as they were outside it."""
-    from allocconf_widget.adapters.dryrun import isolated_namespace
+    assigns and models it moves to "cuda" stay as they were outside it. With the cell's
+    ``source``, only the tensors, models and optimizers it reads are copied."""
+    from allocconf_widget.adapters.dryrun.namespace import isolated_namespace
+    from allocconf_widget.core.dryrun.cell import global_reads
 
-    return isolated_namespace(user_ns)
+    return isolated_namespace(user_ns, global_reads(source) if source is not None else None)
 
 
 def sidecar_path(target: Path) -> Path:
@@ -102,6 +106,7 @@ class DryRunCell:
 
     code: str
     gpu: str | None
+    standin: bool = False  # it ran on the CPU stand-in (the planner does too)
 
 
 @dataclass
@@ -111,20 +116,27 @@ class DryRunResult:
     trace: DryRunTrace
     gpu: GpuProfile
     notes: tuple[str, ...] = ()
+    copy: CopyReport | None = None  # what the notebook copy took (a cell dry run only)
     _decoded: Any = field(default=None, repr=False, compare=False)
 
     # ------------------------------------------------------------- the trace as a snapshot
     def snapshot(self) -> dict[str, Any]:
         """The trace as ``torch.cuda.memory._snapshot()`` lays it out (device 0, no segments:
-        the replay makes its own), with the settings the environment held as "recorded"."""
-        return {
+        the replay makes its own), with the settings the environment held as "recorded" and the
+        step's memory-fraction calls, which the replay applies where they happened."""
+        from allocconf_widget.core.sim.limits import FRACTION_CHANGES_KEY
+
+        snapshot: dict[str, Any] = {
             "segments": [],
             "device_traces": [list(self.trace.entries)],
             "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": self.trace.conf_text},
             SNAPSHOT_MARK: {"gpu": self.gpu.key, "gpu_name": self.gpu.name,
                             "torch": self.trace.torch_version, "ops": self.trace.ops,
-                            "notes": list(self.all_notes())},
+                            "standin": self.trace.standin, "notes": list(self.all_notes())},
         }
+        if self.trace.fraction_changes:
+            snapshot[FRACTION_CHANGES_KEY] = [dict(change) for change in self.trace.fraction_changes]
+        return snapshot
 
     def all_notes(self) -> tuple[str, ...]:
         return (*self.notes, *self.trace.notes)
@@ -132,7 +144,14 @@ class DryRunResult:
     @property
     def label(self) -> str:
         """How every view names this trace: an estimate, and for which GPU."""
-        return f"a {LABEL} of your step on {self.gpu.name}"
+        how = f", {STANDIN_LABEL}" if self.trace.standin else ""
+        return f"a {LABEL} of your step on {self.gpu.name}{how}"
+
+    def dispatch(self) -> Dispatch:
+        """What the profile decided about the step's kernels and workspaces."""
+        from allocconf_widget.core.dryrun.dispatch import dispatch
+
+        return dispatch(self.gpu, cudnn_preferred=self.trace.cudnn_preferred)
 
     def require_allocations(self) -> None:
         """Raise :class:`DryRunError` when the step made no tensor on the GPU: there is nothing
@@ -187,7 +206,7 @@ class DryRunResult:
                 "torch": self.trace.torch_version, "device_name": self.gpu.name,
                 "device_total_bytes": self.gpu.total_bytes,
                 "free_at_start_bytes": self.gpu.usable_bytes, "conf": self.trace.conf_text,
-                "dry_run": True, "trace_events": len(self.trace.entries)}
+                "dry_run": True, "standin": self.trace.standin, "trace_events": len(self.trace.entries)}
         from allocconf_widget.core.untrusted import replace_file_atomically
 
         try:  # as the snapshot is written: a link replaced, a FIFO or device refused
@@ -203,29 +222,54 @@ class DryRunResult:
 
     def summary(self) -> str:
         t = self.trace
-        lines = [f"A {LABEL} for {self.gpu.describe()}: {t.ops:,} ops, "
+        kind = f"A {LABEL}, {STANDIN_LABEL}," if t.standin else f"A {LABEL}"
+        lines = [f"{kind} for {self.gpu.describe()}: {t.ops:,} ops, "
                  f"{t.allocations:,} allocations in {t.seconds:.2f} s; peak requested "
                  f"{format_bytes(t.peak_requested)}, {format_bytes(t.live_at_end)} still allocated "
                  "at the end. CUDA was not started."]
+        lines += [f"{self.gpu.name}: {line}" for line in self.dispatch().lines()]
+        if self.copy is not None:
+            lines.append(copy_sentence(self.copy))
         lines += [f"note: {n}" for n in self.all_notes()]
         return "\n".join(lines)
+
+
+def copy_sentence(report: CopyReport) -> str:
+    """What the namespace copy took, in one line."""
+    if not report.names:
+        text = "The cell reads no tensor, model or optimizer of the notebook: nothing was copied"
+    else:
+        more = f" and {len(report.names) - 6} more" if len(report.names) > 6 else ""
+        names = ", ".join(report.names[:6]) + more
+        text = (f"Copied what the cell reads ({names}): {format_bytes(report.host_bytes)} of host memory"
+                + (f" and {format_bytes(report.gpu_bytes)} of GPU memory" if report.gpu_bytes else "")
+                + f", {report.seconds:.2f} s")
+    if report.left:
+        text += (f"; {', '.join(report.left)} could not be copied (the cell used your own, put back "
+                 "afterwards)")
+    return text + "."
 
 
 class DryRunContext:
     """``with allocconf_widget.dry_run() as run: <your step>``; then ``run.save(path)``,
     ``run.predict(conf)`` … (the same object is the :class:`DryRunResult` afterwards)."""
 
-    def __init__(self, gpu: str | GpuProfile | None = None, *, rules: bool = True) -> None:
+    def __init__(self, gpu: str | GpuProfile | None = None, *, rules: bool = True,
+                 standin: bool | None = None, progress: Callable[[int], None] | None = None) -> None:
         self.gpu, note = resolve_gpu(gpu)
         self._notes = (note,) if note else ()
         self._rules = rules
+        self._standin = standin
+        self._progress = progress
         self._run: Any = None
+        self.copy: CopyReport | None = None
         self.result: DryRunResult | None = None
 
     def __enter__(self) -> DryRunContext:
-        from allocconf_widget.adapters.dryrun import DryRun
+        from allocconf_widget.adapters.dryrun.run import DryRun
 
-        self._run = DryRun(self.gpu, rules=self._rules)
+        standin = self._standin if self._standin is not None else no_gpu_here()
+        self._run = DryRun(self.gpu, rules=self._rules, standin=standin, progress=self._progress)
         self._run.__enter__()
         return self
 
@@ -235,7 +279,7 @@ class DryRunContext:
             self._run.__exit__(kind, exc, tb)
         finally:
             if self._run.trace is not None:
-                self.result = DryRunResult(self._run.trace, self.gpu, self._notes)
+                self.result = DryRunResult(self._run.trace, self.gpu, self._notes, self.copy)
 
     def _done(self) -> DryRunResult:
         if self.result is None:
@@ -244,19 +288,29 @@ class DryRunContext:
         return self.result
 
     def __getattr__(self, name: str) -> Any:  # save, predict, summary, snapshot, trace …
-        if name.startswith("_") or name in ("gpu", "result"):
+        if name.startswith("_") or name in ("gpu", "result", "copy"):
             raise AttributeError(name)
         return getattr(self._done(), name)
 
 
-def dry_run(gpu: str | GpuProfile | None = None, *, rules: bool = True) -> DryRunContext:
+def dry_run(gpu: str | GpuProfile | None = None, *, rules: bool = True, standin: bool | None = None,
+            progress: Callable[[int], None] | None = None) -> DryRunContext:
     """Run the block on fake CUDA tensors and record what it would allocate; CUDA never starts.
 
     ``gpu``: a profile name (``t4``, ``l4``, ``a100-40``, ``a100-80``, ``h100``, ``h200``) or
     None for this runtime's GPU. ``rules=False`` keeps the raw trace (no modelled cuBLAS/cuDNN
-    workspaces).
+    workspaces). ``standin``: run on the CPU stand-in (a coarser estimate, labelled so); None
+    chooses it where no GPU is visible, where fake CUDA tensors cannot record gradients.
+    ``progress(ops)`` is called every few hundred ops while the block runs.
     """
-    return DryRunContext(gpu, rules=rules)
+    return DryRunContext(gpu, rules=rules, standin=standin, progress=progress)
+
+
+def no_gpu_here() -> bool:
+    """This runtime has no GPU a fake CUDA backward could use (a CPU-only torch, or none visible)."""
+    from allocconf_widget.adapters.dryrun.run import gpu_visible
+
+    return not gpu_visible()
 
 
 # ---------------------------------------------------------------- one prediction (a slider)
@@ -342,6 +396,16 @@ class PlanCell:
 
 
 @dataclass(frozen=True)
+class PlanStep:
+    """Where a plan is: ``done`` of ``total`` dry runs (one per size and GPU), and the next one."""
+
+    done: int
+    total: int
+    batch: int
+    gpu: str
+
+
+@dataclass(frozen=True)
 class BatchPlan:
     """Largest batch predicted to fit, per setting and GPU (never touching the GPU)."""
 
@@ -350,30 +414,54 @@ class BatchPlan:
     gpus: tuple[str, ...]
     cells: tuple[PlanCell, ...]
     notes: tuple[str, ...] = ()
+    #: GPUs on which every size gave the same allocations (the step does not use the size)
+    same_trace: tuple[str, ...] = ()
+    #: the size whose dry run a Ctrl-C stopped (the sizes before it are done), or None
+    interrupted: int | None = None
+
+    def cell(self, size: int, conf: str, gpu: str) -> PlanCell | None:
+        return next((c for c in self.cells if c.batch == size and c.conf == conf and c.gpu == gpu), None)
 
     def largest(self, conf: str, gpu: str) -> int | None:
         """The largest size that fits such that every smaller tried size fits too."""
         best = None
         for size in self.sizes:
-            cell = next(c for c in self.cells if c.batch == size and c.conf == conf and c.gpu == gpu)
-            if cell.prediction is None or not cell.prediction.fits:
+            cell = self.cell(size, conf, gpu)
+            if cell is None or cell.prediction is None or not cell.prediction.fits:
                 break
             best = size
         return best
+
+    def all_fit(self, conf: str, gpu: str) -> bool:
+        """Every size tried fits: the largest that fits lies beyond them."""
+        return bool(self.sizes) and self.largest(conf, gpu) == self.sizes[-1] and self.interrupted is None
+
+    def larger_sizes(self) -> tuple[int, int]:
+        """Two sizes to try next when every size fits: twice and four times the largest."""
+        top = self.sizes[-1] if self.sizes else 1
+        return 2 * top, 4 * top
+
+
+def _signature(run: DryRunResult) -> tuple[tuple[str, int], ...]:
+    """The allocations a dry run made, in order (equal for two sizes: the step ignores the size)."""
+    return tuple((e["action"], int(e["size"])) for e in run.trace.entries)
 
 
 def plan_batch(step: Callable[[Any], Any], sizes: Iterable[int], *,
                confs: Sequence[str] = ("", "expandable_segments:True"),
                gpus: Sequence[str | GpuProfile] = ("t4",),
-               prepare: Callable[[int], Any] | None = None) -> BatchPlan:
-    """Dry-run ``step(size)`` for each size and replay each under every setting and GPU.
+               prepare: Callable[[int], Any] | None = None, standin: bool | None = None,
+               progress: Callable[[PlanStep], None] | None = None) -> BatchPlan:
+    """Dry-run ``step(size)`` for each size and GPU, and replay each under every setting.
 
-    ``step`` builds what it needs on "cuda" (model, optimizer, batch) and runs one step;
-    it runs on fake tensors, so CUDA never starts. Sizes are tried in increasing order;
-    once a size fails everywhere, larger ones are not tried. ``prepare(size)``, when given,
-    runs first, outside the dry run, and ``step`` gets what it returns instead of the size:
-    a copy of real tensors cannot be made on fake ones (the magic's namespace copy, made
-    inside, fell back to the user's own model, which the cell then changed).
+    ``step`` builds what it needs on "cuda" (model, optimizer, batch) and runs one step; it runs
+    on fake tensors, so CUDA never starts. Each GPU is dry-run on its own: the attention kernel
+    and the workspaces depend on the GPU. Sizes are tried in increasing order; once a size fails
+    everywhere, larger ones are not tried. ``prepare(size)``, when given, runs first for each
+    dry run, outside it, and ``step`` gets what it returns instead of the size (a copy of real
+    tensors cannot be made on fake ones). ``progress`` hears of each dry run before it starts.
+    A Ctrl-C stops the plan cleanly (each dry run puts everything back): the plan returned holds
+    the sizes done and names the one interrupted.
     """
     order = tuple(sorted({int(s) for s in sizes}))
     if not order or order[0] <= 0:
@@ -381,30 +469,45 @@ def plan_batch(step: Callable[[Any], Any], sizes: Iterable[int], *,
     profiles = [resolve_gpu(g)[0] for g in gpus]
     cells: list[PlanCell] = []
     notes: list[str] = []
+    signatures: dict[str, set[tuple[tuple[str, int], ...]]] = {p.name: set() for p in profiles}
+    total, done = len(order) * len(profiles), 0
+    tried: list[int] = []
+    interrupted = None
     for size in order:
-        given = prepare(size) if prepare is not None else size
-        ctx = DryRunContext(profiles[0])
-        try:
-            with ctx:
-                step(given)
-        except RuntimeStateError as exc:
-            cells.extend(PlanCell(size, c, p.name, None, str(exc)) for c in confs for p in profiles)
-            continue
-        run = ctx.result
-        assert run is not None
-        for note in run.all_notes():
-            if note not in notes:
-                notes.append(note)
         size_fits = False
-        for p in profiles:
-            for conf in confs:
-                pred = predict(run, conf, p)
-                size_fits = size_fits or pred.fits
-                cells.append(PlanCell(size, conf, p.name, pred))
-        if not size_fits:
+        try:
+            for p in profiles:
+                if progress is not None:
+                    progress(PlanStep(done, total, size, p.name))
+                done += 1
+                given = prepare(size) if prepare is not None else size
+                ctx = DryRunContext(p, standin=standin)
+                try:
+                    with ctx:
+                        step(given)
+                except RuntimeStateError as exc:
+                    cells.extend(PlanCell(size, c, p.name, None, str(exc)) for c in confs)
+                    continue
+                run = ctx.result
+                assert run is not None
+                signatures[p.name].add(_signature(run))
+                for note in run.all_notes():
+                    if note not in notes:
+                        notes.append(note)
+                for conf in confs:
+                    pred = predict(run, conf, p)
+                    size_fits = size_fits or pred.fits
+                    cells.append(PlanCell(size, conf, p.name, pred))
+        except KeyboardInterrupt:
+            interrupted = size
+            cells = [c for c in cells if c.batch != size]
             break
-    tried = tuple(s for s in order if any(c.batch == s for c in cells))
-    return BatchPlan(tried, tuple(confs), tuple(p.name for p in profiles), tuple(cells), tuple(notes))
+        tried.append(size)
+        if not size_fits and any(c.prediction is not None for c in cells if c.batch == size):
+            break
+    same = tuple(name for name, seen in signatures.items() if len(tried) > 1 and len(seen) == 1)
+    return BatchPlan(tuple(tried), tuple(confs), tuple(p.name for p in profiles), tuple(cells), tuple(notes),
+                     same, interrupted)
 
 
 # ---------------------------------------------------------------- close the loop

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 DEFAULT_BATCH = {"lm": 16, "resnet18": 64, "llama": 8, "timm_vit": 32, "lightning": 64,
-                 "resnet50": 32, "mobilenet": 64, "vgg11": 16, "resnet18_bf16": 64, "resnet18_cl": 64}
+                 "resnet50": 32, "mobilenet": 64, "vgg11": 16, "resnet18_bf16": 64, "resnet18_cl": 64,
+                 "lm_fp16": 8}
 
 
 def run_lm(device: str, batch: int) -> None:
@@ -196,8 +197,45 @@ def run_resnet18_cl(device: str, batch: int) -> None:
     _torchvision_classifier("resnet18", device, batch, channels_last=True)
 
 
+def run_lm_fp16(device: str, batch: int) -> None:
+    """A causal LM with its own attention (``scaled_dot_product_attention``, head size 64, 1,024
+    tokens), fp16 autocast with a GradScaler, AdamW, 2 steps: the attention kernel decides its
+    memory (memory-efficient on a T4, flash or cuDNN attention on Ampere and Hopper)."""
+    torch.manual_seed(0)
+    vocab, width, heads, seq = 8000, 512, 8, 1024
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+            self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+            self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, t, d = x.shape
+            q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
+            attended = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(attended.transpose(1, 2).reshape(b, t, d))
+            return x + self.mlp(self.norm2(x))
+
+    model = nn.Sequential(nn.Embedding(vocab, width), *[Block() for _ in range(6)], nn.LayerNorm(width),
+                          nn.Linear(width, vocab)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler("cuda")
+    for _ in range(2):
+        tokens = torch.randint(0, vocab, (batch, seq), device=device)
+        with torch.autocast("cuda", dtype=torch.float16):
+            logits = model(tokens)
+            loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens.flatten())
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+
 WORKLOADS: dict[str, Callable[[str, int], None]] = {
     "lm": run_lm, "resnet18": run_resnet18, "llama": run_llama, "timm_vit": run_timm_vit,
     "lightning": run_lightning, "resnet50": run_resnet50, "mobilenet": run_mobilenet,
     "vgg11": run_vgg11, "resnet18_bf16": run_resnet18_bf16, "resnet18_cl": run_resnet18_cl,
+    "lm_fp16": run_lm_fp16,
 }

@@ -8,7 +8,7 @@ torch's snapshot. Cases run in parallel; one JSON line per case::
 
     python benchmarks/gpu/probe_freeze.py
 
-Measured on the H200 (torch 2.11), before the fix in ``torch_private.fake_cuda_mode``: every case
+Measured on the H200 (torch 2.11), before the fix in ``adapters/dryrun/tensors.fake_mode``: every case
 left ``is_initialized()`` False; the settings stayed open after an empty dry run, Linear
 backward, Conv2d forward and backward (with and without cuDNN), pooling, cross entropy, SGD with
 momentum and bf16 SDPA backward, and were frozen after a BatchNorm2d forward (with and without

@@ -83,27 +83,28 @@ def child_marked(workload: str, out: str) -> None:
     from dryrun_workloads import DEFAULT_BATCH, WORKLOADS
 
     import allocconf_widget
-    from allocconf_widget.adapters import dryrun as dr
+    from allocconf_widget.adapters.dryrun import rules as dr
+    from allocconf_widget.adapters.dryrun.tensors import tree_leaves
 
     marks: list[dict] = []
 
     def after(self, func, args, out_) -> dict:  # the conv rule, replaced by a marker
-        if dr._op_name(func) not in dr._CONVS or not dr._on_cuda(self.torch, args):
+        if dr.op_name(func) not in dr._CONVS or not self._on_gpu(args):
             return {}
         desc = []
         for a in args[:10]:
             if isinstance(a, torch.Tensor):
                 desc.append({"shape": list(a.shape), "stride": list(a.stride()),
-                             "dtype": str(a.dtype).split(".")[-1], "bytes": dr._nbytes(a)})
+                             "dtype": str(a.dtype).split(".")[-1], "bytes": dr.nbytes(a)})
             elif isinstance(a, (list, tuple)) and all(isinstance(x, (int, bool)) for x in a):
                 desc.append(list(a))
             else:
                 desc.append(a if isinstance(a, (int, bool, float)) else None)
-        outs = [dr._nbytes(t) for t in dr.tp.tree_leaves(out_) if isinstance(t, torch.Tensor)]
-        marks.append({"at": len(self.log.entries), "op": dr._op_name(func), "args": desc, "outs": outs})
+        outs = [dr.nbytes(t) for t in tree_leaves(out_) if isinstance(t, torch.Tensor)]
+        marks.append({"at": len(self.log.entries), "op": dr.op_name(func), "args": desc, "outs": outs})
         return {}
 
-    dr._Rules.after = after
+    dr.Rules.after = after
     with allocconf_widget.dry_run("h200") as run:
         WORKLOADS[workload]("cuda", DEFAULT_BATCH[workload])
     run.save(out)

@@ -33,7 +33,7 @@ import json, os, sys
 sys.path.insert(0, {bench!r})
 import torch
 import allocconf_widget
-from allocconf_widget.adapters.dryrun import DryRunError
+from allocconf_widget._errors import DryRunError
 from dryrun_workloads import WORKLOADS
 out = {{}}
 try:
@@ -80,7 +80,7 @@ def assert_settings_still_open(out: dict) -> None:
 
 
 # ResNet-18 and a transformers Llama froze the settings before the fix in
-# torch_private.fake_cuda_mode (BatchNorm's one-element ``num_batches_tracked`` was copied to the
+# adapters/dryrun/tensors.fake_mode (BatchNorm's one-element ``num_batches_tracked`` was copied to the
 # GPU for real by FakeTensorMode's constant propagation; benchmarks/gpu/probe_freeze.py). Measured
 # on the H200 (torch 2.11) after the fix: every case below leaves the settings open.
 

@@ -168,7 +168,7 @@ def test_a_printed_loss_reads_1_and_the_note_names_the_line():
 @requires_fake_cuda
 def test_branching_on_a_tensor_stops_naming_the_users_line():
     import allocconf_widget
-    from allocconf_widget.adapters.dryrun import DryRunError
+    from allocconf_widget._errors import DryRunError
 
     with pytest.raises(DryRunError) as caught, allocconf_widget.dry_run("t4"):
         x = torch.randn(8, device="cuda")
@@ -208,14 +208,15 @@ def test_torch_compile_runs_eager_and_says_so():
 
 @pytest.mark.skipif(cuda_build(), reason="a CUDA build records gradients on fake CUDA tensors")
 @requires_fake_cuda
-def test_training_on_a_cpu_only_build_stops_with_the_line_instead_of_aborting(tmp_path):
-    """Without the guard this kills the interpreter (c10::Error, terminate): a fresh process."""
+def test_training_on_fake_cuda_on_a_cpu_only_build_stops_with_the_line_instead_of_aborting(tmp_path):
+    """Fake CUDA tensors forced (``standin=False``): without the guard this kills the interpreter
+    (c10::Error, terminate), so a fresh process; the default runs it on the CPU stand-in."""
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""
         import torch, allocconf_widget
-        from allocconf_widget.adapters.dryrun import DryRunError
+        from allocconf_widget._errors import DryRunError
         try:
-            with allocconf_widget.dry_run("t4"):
+            with allocconf_widget.dry_run("t4", standin=False):
                 model = torch.nn.Linear(16, 16).to("cuda")
                 loss = model(torch.randn(4, 16, device="cuda")).sum()
                 loss.backward()
@@ -351,9 +352,9 @@ def test_the_dry_runs_fake_mode_never_copies_to_the_gpu():
     (docs/dryrun.md). The dry run's mode must avoid the device as on a GPU-less machine; this
     machine has no GPU, so the behaviour itself is checked by tests/gpu/test_dryrun_gpu.py and
     here only that the mode says so whatever torch.cuda reports."""
-    from allocconf_widget.adapters import torch_private as tp
+    from allocconf_widget.adapters.dryrun.tensors import fake_mode
 
-    mode = tp.fake_cuda_mode()
+    mode = fake_mode()
     assert mode.avoid_device_init is True
     mode.avoid_device_init = False  # releases that assign it in __init__ cannot switch it off
     assert mode.avoid_device_init is True

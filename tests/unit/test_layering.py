@@ -1,7 +1,8 @@
 """Layering rules a reviewer should not have to check by eye.
 
 * Every private torch name (``torch._C``, ``torch.cuda.memory._snapshot`` …) is used in
-  ``adapters/torch_private.py`` only, so a torch upgrade that renames one breaks one file.
+  ``adapters/torch_private.py`` and the dry run's own package ``adapters/dryrun/`` only, so a
+  torch upgrade that renames one breaks one of them.
 * No front end imports another: the CLI, the magic and the widgets share the use cases in
   ``app/`` and the core, never each other.
 """
@@ -16,6 +17,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "allocconf_widget"
 BRIDGE = PACKAGE / "adapters" / "torch_private.py"
+#: the dry run's fake-tensor machinery: private torch APIs through and through
+DRY_RUN = PACKAGE / "adapters" / "dryrun"
 TORCH_ROOTS = {"torch", "memory", "cuda", "_C"}
 
 
@@ -44,9 +47,20 @@ def private_torch_uses(path: Path) -> list[str]:
     return found
 
 
+def _bridges(path: Path) -> bool:
+    return path == BRIDGE or path.is_relative_to(DRY_RUN)
+
+
 def test_private_torch_names_only_in_the_bridge():
-    offenders = [use for path in _modules() if path != BRIDGE for use in private_torch_uses(path)]
+    offenders = [use for path in _modules() if not _bridges(path) for use in private_torch_uses(path)]
     assert offenders == []
+
+
+def test_the_dry_run_package_is_a_bridge_and_nothing_else_is():
+    """The allowance covers the dry run's package and no other adapter."""
+    assert _bridges(DRY_RUN / "run.py") and _bridges(BRIDGE)
+    assert not _bridges(PACKAGE / "adapters" / "recorder.py")
+    assert not _bridges(PACKAGE / "app" / "dryrun.py")
 
 
 def test_the_check_sees_a_private_call(tmp_path):

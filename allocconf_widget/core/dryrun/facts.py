@@ -10,6 +10,9 @@ from __future__ import annotations
 #: how a dry run's trace is labelled wherever it is replayed
 LABEL = "dry run (estimate)"
 
+#: how an estimate made by the CPU stand-in (no GPU, a training step) is labelled beside that
+STANDIN_LABEL = "by the CPU stand-in (a coarser estimate)"
+
 #: the key a dry run's snapshot carries (plain data: the GPU profile, torch, op count), so a
 #: saved file is labelled an estimate wherever it is replayed
 SNAPSHOT_MARK = "allocconf_dry_run"

@@ -36,6 +36,8 @@ class GpuProfile:
     multiprocessors: int
     measured: bool = False  # total and context measured on the card (else nominal / assumed)
     total_measured: bool = False  # the total as torch reported it on the card, the context assumed
+    #: the cuDNN workspace and attention rules were measured on this card (else assumed the same)
+    rules_measured: bool = False
 
     @property
     def usable_bytes(self) -> int:
@@ -67,7 +69,8 @@ PROFILES: dict[str, GpuProfile] = {p.key: p for p in (
                total_measured=True),
     # total and context measured on this card (the bundled recording's sidecar: its
     # device_total_bytes, and device_total_bytes - free_at_start_bytes)
-    GpuProfile("h200", "NVIDIA H200", 150_109_880_320, 552_402_944, (9, 0), 132, measured=True),
+    GpuProfile("h200", "NVIDIA H200", 150_109_880_320, 552_402_944, (9, 0), 132, measured=True,
+               rules_measured=True),
 )}
 
 _ALIASES = {"a100": "a100-40", "a100-40gb": "a100-40", "a100-80gb": "a100-80", "h100-80": "h100",

@@ -30,6 +30,9 @@ def register(subparsers: SubParsers) -> None:
                    "(default: this runtime's GPU, else t4)")
     p.add_argument("--save", metavar="PATH", help="also write the snapshot (allocconf simulate reads it)")
     p.add_argument("--raw", action="store_true", help="do not add modelled cuBLAS/cuDNN workspaces")
+    p.add_argument("--standin", action="store_true",
+                   help="run on the CPU stand-in (a coarser estimate; chosen by itself where no GPU is "
+                   "visible)")
     p.set_defaults(handler=run_dryrun, takes_cell=True)
     p = subparsers.add_parser(
         "plan", help="largest batch predicted to fit, per setting and GPU (dry runs only)",
@@ -41,33 +44,45 @@ def register(subparsers: SubParsers) -> None:
     p.add_argument("--conf", action="append", help="settings to compare (default: defaults and "
                    "expandable_segments:True)")
     p.add_argument("--chart", action="store_true", help="also draw peak reserved vs batch size")
+    p.add_argument("--standin", action="store_true", help="run on the CPU stand-in (as the dry-run cell did, "
+                   "by default)")
     p.set_defaults(handler=run_plan)
 
 
-def _namespace_copy(shell: Any) -> dict[str, Any]:
-    from allocconf_widget.app.dryrun import cell_namespace
-
-    return cell_namespace(shell.user_ns)
-
-
-def _compiled(shell: Any, cell: str) -> Any:
-    """The cell as IPython would run it; its source is registered so messages quote its lines."""
+def _source(shell: Any, cell: str) -> str:
+    """The cell as IPython would run it; registered so messages quote its lines."""
     import linecache
 
-    source = shell.transform_cell(cell)
-    name = "<dry-run cell>"
-    linecache.cache[name] = (len(source), None, source.splitlines(keepends=True), name)
-    return compile(source, name, "exec")
+    source = str(shell.transform_cell(cell))
+    linecache.cache[_CELL_NAME] = (len(source), None, source.splitlines(keepends=True), _CELL_NAME)
+    return source
 
 
-def _run_cell(ctx: MagicContext, cell: str, gpu: str | None, rules: bool) -> DryRunResult | None:
-    from allocconf_widget.app.dryrun import dry_run
+_CELL_NAME = "<dry-run cell>"
 
-    ns = _namespace_copy(ctx.shell)
-    run = dry_run(gpu, rules=rules)
-    code = _compiled(ctx.shell, cell)
-    with run:
-        exec(code, ns)  # the user's own cell, in a copy of their namespace
+
+def _run_cell(ctx: MagicContext, cell: str, gpu: Any, rules: bool, standin: bool | None) -> Any:
+    """Dry-run the cell in a copy of the notebook (``standin`` None: the CPU stand-in where no GPU
+    is visible)."""
+    source = _source(ctx.shell, cell)
+    code = compile(source, _CELL_NAME, "exec")
+    return _attempt(ctx, source, code, gpu, rules, standin=standin)
+
+
+def _attempt(ctx: MagicContext, source: str, code: Any, gpu: Any, rules: bool, *,
+             standin: bool | None) -> Any:
+    from allocconf_widget.app.dryrun import cell_namespace, dry_run
+    from allocconf_widget.views.text.progress import ProgressLine
+
+    ns, report = cell_namespace(ctx.shell.user_ns, source)
+    line = ProgressLine("dry run", unit="ops")
+    run = dry_run(gpu, rules=rules, standin=standin, progress=line.update)
+    run.copy = report
+    try:
+        with run:
+            exec(code, ns)  # the user's own cell, in a copy of their namespace
+    finally:
+        line.close()
     return run.result
 
 
@@ -94,7 +109,8 @@ def run_dryrun(args: argparse.Namespace, ctx: MagicContext) -> Any:
         raise RuntimeStateError("dryrun is a cell magic: start the cell with %%allocconf dryrun")
     if args.save is not None:
         check_save_target(args.save, sidecar=True)  # said before the cell runs, not after
-    result = _run_cell(ctx, ctx.cell, args.gpu, not args.raw)  # an interrupt here is the cell's
+    # an interrupt here is the cell's
+    result = _run_cell(ctx, ctx.cell, args.gpu, not args.raw, True if args.standin else None)
     try:
         return _after_the_cell(args, ctx, result)
     except KeyboardInterrupt:  # in our steps (the prediction replays): one line, not our frames
@@ -111,7 +127,7 @@ def _after_the_cell(args: argparse.Namespace, ctx: MagicContext,
     saved = result.save(args.save) if args.save is not None else None
     from allocconf_widget.app.dryrun import DryRunCell
 
-    ctx.session.set_dry_run(result, DryRunCell(ctx.cell, args.gpu))
+    ctx.session.set_dry_run(result, DryRunCell(ctx.cell, args.gpu, result.trace.standin))
     print(result.summary())
     # the settings this kernel applies, as the Settings tab's "Applied now" line replays them
     applied = ctx.session.view().applied
@@ -134,48 +150,64 @@ def _after_the_cell(args: argparse.Namespace, ctx: MagicContext,
     return result
 
 
-def _check_plan_variable(var: str, code: Any) -> None:
-    """Refuse a name the dry-run cell never reads: plan sets it before each run, so a typo
-    (``BATHC`` for ``BATCH``) ran the same step at every size, and the table called the
-    largest size "predicted to fit". Functions the cell calls read the user's own globals,
-    not the copy plan sets, so the cell itself must read the name."""
+def _check_plan_variable(var: str, source: str) -> None:
+    """Refuse a variable the plan cannot set for the cell: a name the cell never reads (a typo,
+    ``BATHC`` for ``BATCH``: every size would run the same step), one the cell binds itself (a
+    script's ``BATCH = 64`` at its top would run 64 at every size), or one it reads only as a
+    function's own parameter or local. Functions of earlier cells read the notebook's own
+    globals, not the copy plan sets, so the cell itself must read the name."""
     import keyword
+
+    from allocconf_widget.core.dryrun.cell import variable_use
 
     if not var.isidentifier() or keyword.iskeyword(var):
         raise AllocConfError(f"{printable(var, 60)!r} is not a variable name: give the name the "
                              "dry-run cell reads the batch size from, e.g. %allocconf plan BATCH 8 16 32")
-    names: set[str] = set()
-    pending = [code]
-    while pending:
-        unit = pending.pop()
-        names.update(unit.co_names, unit.co_varnames, unit.co_freevars, unit.co_cellvars)
-        pending.extend(c for c in unit.co_consts if hasattr(c, "co_names"))
-    if var not in names:
-        raise AllocConfError(f"the dry-run cell never reads {var}, so every size would run the same "
-                             "step: give the variable the cell itself uses for the batch size "
-                             "(plan sets it before each run)")
+    use = variable_use(source, var)
+    if use is None:
+        return
+    if use.bound_at is not None:
+        import linecache
+
+        text = linecache.getline(_CELL_NAME, use.bound_at).strip()
+        raise AllocConfError(
+            f"the dry-run cell sets {var} itself (line {use.bound_at}: {printable(text, 80)}), so every size "
+            f"would run with the cell's own value",
+            fix=f"move that line to a cell above the dry-run cell, run the dry-run cell again, then plan "
+                f"(plan sets {var} before each run)")
+    if not use.reads and use.shadowed_in is not None:
+        raise AllocConfError(
+            f"the dry-run cell reads {var} only as {use.shadowed_in}()'s own parameter or variable, which "
+            "the plan's value never reaches",
+            fix=f"let {use.shadowed_in}() read the notebook's {var} (drop its parameter or default of that "
+                f"name), or pass {var} to it from the cell's top level")
+    if not use.reads:
+        raise AllocConfError(f"the dry-run cell never reads {var}, so every size would run the same step",
+                             fix="give the variable the cell itself uses for the batch size (plan sets it "
+                                 "before each run)")
 
 
 def run_plan(args: argparse.Namespace, ctx: MagicContext) -> Any:
-    from allocconf_widget.app.dryrun import plan_batch
+    from allocconf_widget.app.dryrun import PlanStep, cell_namespace, plan_batch
     from allocconf_widget.views.text.dryrun import render_plan
+    from allocconf_widget.views.text.progress import ProgressLine
 
     saved = ctx.session.dry_run_cell
     if saved is None:
         raise RuntimeStateError("no dry-run cell yet: run a cell with %%allocconf dryrun first; "
                                 "plan re-runs it with each batch size")
-    cell = saved.code
-    _check_plan_variable(args.var, _compiled(ctx.shell, cell))
+    source = _source(ctx.shell, saved.code)
+    _check_plan_variable(args.var, source)
+    code = compile(source, _CELL_NAME, "exec")
 
     def prepare(size: int) -> dict[str, Any]:  # outside the dry run: real copies (plan_batch)
-        ns = _namespace_copy(ctx.shell)
+        ns, _report = cell_namespace(ctx.shell.user_ns, source)
         ns[args.var] = size
         return ns
 
     def step(ns: dict[str, Any]) -> None:
         from allocconf_widget._errors import DryRunError
 
-        code = _compiled(ctx.shell, cell)
         try:
             exec(code, ns)
         except DryRunError:
@@ -185,9 +217,19 @@ def run_plan(args: argparse.Namespace, ctx: MagicContext) -> Any:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise DryRunError(f"the cell raised {type(exc).__name__}: {printable(first, 200)}") from None
 
-    plan = plan_batch(step, args.sizes, confs=tuple(args.conf or ("", "expandable_segments:True")),
-                      gpus=tuple(args.gpu or ("t4",)), prepare=prepare)
-    print(render_plan(plan), end="")
+    line = ProgressLine(f"plan {args.var}", total=len(set(args.sizes)) * len(args.gpu or ("t4",)),
+                        unit="dry runs", every=0.0)
+
+    def progress(at: PlanStep) -> None:
+        line.update(at.done, f"{args.var}={at.batch} on {at.gpu}")
+
+    try:
+        plan = plan_batch(step, args.sizes, confs=tuple(args.conf or ("", "expandable_segments:True")),
+                          gpus=tuple(args.gpu or ("t4",)), prepare=prepare,
+                          standin=True if args.standin or saved.standin else None, progress=progress)
+    finally:
+        line.close()
+    print(render_plan(plan, args.var), end="")
     if args.chart:
         from IPython.display import display
 

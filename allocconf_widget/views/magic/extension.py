@@ -144,6 +144,7 @@ def load_extension(ipython: Any) -> None:
         else:
             magic_core.restore_saved_settings(print_to=line, session=get_session(ipython))
         LOAD_STATE["loaded_before"] = True
+        _dry_run_errors_in_one_line(ipython)
         if line.getvalue():
             print(one_line(line.getvalue()), file=sys.stdout)
         try:
@@ -158,9 +159,33 @@ def load_extension(ipython: Any) -> None:
                          "allocconf_widget again") from None
 
 
+def _dry_run_errors_in_one_line(ipython: Any) -> None:
+    """A dry run that stops (``with allocconf_widget.dry_run(): …``) shows its one line, which names
+    the user's line, not a traceback through our frames; only where no other extension handles
+    exceptions its own way (IPython keeps one such handler)."""
+    from allocconf_widget._errors import DryRunError
+
+    if not getattr(ipython, "custom_exceptions", None):
+        ipython.set_custom_exc((DryRunError,), _one_line)
+
+
+def _one_line(shell: Any, kind: type[BaseException], value: BaseException, _tb: Any,
+              tb_offset: int | None = None) -> list[str]:
+    """IPython calls this for a DryRunError from a cell and shows nothing itself: show the line
+    as an error (a kernel sends it to the front end as the error's whole traceback)."""
+    del tb_offset
+    lines = [f"{kind.__name__}: {value}"]
+    shell._showtraceback(kind, value, lines)
+    return lines
+
+
 def unload_extension(ipython: Any) -> None:
     """``%unload_ext allocconf_widget``: remove the magic and our hooks."""
+    from allocconf_widget._errors import DryRunError
     from allocconf_widget.app.session import drop_session
+
+    if getattr(ipython, "custom_exceptions", None) == (DryRunError,):
+        ipython.custom_exceptions = ()
 
     for kind in ("line", "cell"):
         ipython.magics_manager.magics[kind].pop("allocconf", None)

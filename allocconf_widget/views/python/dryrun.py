@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from allocconf_widget._errors import DryRunError
 from allocconf_widget.app.dryrun import DryRunContext, DryRunResult, Prediction
 from allocconf_widget.views.text.forecast import prediction_text
+from allocconf_widget.views.text.progress import ProgressLine
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -37,8 +39,9 @@ class DryRun:
     """The handle ``allocconf_widget.dry_run()`` returns: a context manager, then the result
     (``predict``, ``save``, ``summary``, ``trace`` …)."""
 
-    def __init__(self, context: DryRunContext) -> None:
+    def __init__(self, context: DryRunContext, progress: ProgressLine | None = None) -> None:
         self._context = context
+        self._progress = progress
 
     def __enter__(self) -> DryRun:
         self._context.__enter__()
@@ -46,7 +49,12 @@ class DryRun:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self._context.__exit__(kind, exc, tb)
+        if self._progress is not None:
+            self._progress.close()
+        try:
+            self._context.__exit__(kind, exc, tb)
+        except DryRunError as error:  # one line: the step's frames are in the message's line
+            raise type(error)(str(error)).with_traceback(None) from None
 
     @property
     def result(self) -> DryRunResult | None:
@@ -62,8 +70,11 @@ class DryRun:
         return getattr(self._context, name)
 
 
-def dry_run(gpu: str | GpuProfile | None = None, *, rules: bool = True) -> DryRun:
-    """:func:`allocconf_widget.app.dryrun.dry_run`, as the Python API hands it over."""
+def dry_run(gpu: str | GpuProfile | None = None, *, rules: bool = True, standin: bool | None = None,
+            progress: bool = True) -> DryRun:
+    """:func:`allocconf_widget.app.dryrun.dry_run`, as the Python API hands it over.
+    ``progress``: show the ops dispatched while the block runs (after half a second)."""
     from allocconf_widget.app.dryrun import dry_run as start
 
-    return DryRun(start(gpu, rules=rules))
+    line = ProgressLine("dry run", unit="ops") if progress else None
+    return DryRun(start(gpu, rules=rules, standin=standin, progress=line.update if line else None), line)

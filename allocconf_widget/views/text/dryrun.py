@@ -7,16 +7,18 @@ from allocconf_widget.core.units import format_bytes
 from allocconf_widget.views.text.table import aligned_table
 
 
-def render_plan(plan: BatchPlan) -> str:
-    """Peak reserved per batch size and setting, then the largest batch that fits per GPU."""
+def render_plan(plan: BatchPlan, variable: str = "the batch size") -> str:
+    """Peak reserved per batch size and setting, then per GPU what the sizes tried say: the
+    largest that fits, that every size fits (and which to try next), or that every size gave the
+    same allocations (the step does not use ``variable``)."""
     lines: list[str] = []
     for gpu in plan.gpus:
         rows = [["batch", *[conf or "(torch defaults)" for conf in plan.confs]]]
         for size in plan.sizes:
             row = [str(size)]
             for conf in plan.confs:
-                cell = next(c for c in plan.cells if c.batch == size and c.conf == conf and c.gpu == gpu)
-                pred = cell.prediction
+                cell = plan.cell(size, conf, gpu)
+                pred = cell.prediction if cell is not None else None
                 if pred is None:
                     row.append("dry run failed")
                 else:
@@ -27,10 +29,26 @@ def render_plan(plan: BatchPlan) -> str:
         shown = f" ({format_bytes(usable)} usable)" if usable is not None else ""
         lines.append(f"{gpu}{shown}: predicted peak reserved (dry run, estimate)")
         lines.extend(aligned_table(rows, indent="  "))
+        if plan.interrupted is not None:  # no verdict from the sizes a Ctrl-C let run
+            continue
+        if gpu in plan.same_trace:
+            lines.append(f"  every size gave the same allocations: the step does not size its tensors by "
+                         f"{variable}, so no size is larger than another here. Make the cell build its batch "
+                         f"from {variable} (e.g. torch.randn({variable}, ...)), then plan again")
+            continue
         for conf in plan.confs:
+            name = conf or "(torch defaults)"
+            if plan.all_fit(conf, gpu):
+                larger = " ".join(str(s) for s in plan.larger_sizes())
+                lines.append(f"  every size tried fits with {name} (up to batch {plan.sizes[-1]}): the "
+                             f"largest that fits is larger; try larger sizes, e.g. {larger}")
+                continue
             best = plan.largest(conf, gpu)
             verdict = f"batch {best}" if best is not None else "none of the sizes tried"
-            lines.append(f"  largest predicted to fit with {conf or '(torch defaults)'}: {verdict}")
+            lines.append(f"  largest predicted to fit with {name}: {verdict}")
+    if plan.interrupted is not None:
+        lines.append(f"interrupted at batch {plan.interrupted}: the sizes above were dry-run; nothing "
+                     "was left changed")
     errors = {c.error for c in plan.cells if c.error}
     lines += [f"note: {e}" for e in sorted(errors)]
     lines += [f"note: {n}" for n in plan.notes]

@@ -291,6 +291,12 @@ class _Decoder:
 
     def _segment(self, idx: int, e: Mapping[str, Any], act: str) -> None:
         size = int_or_zero(e.get("size"))
+        if size == 0 and act in _RELEASES:
+            # torch never releases a segment of no bytes: this is a dry run's record of the
+            # program's own ``empty_cache()`` (adapters/dryrun/log.py), certain, not inferred
+            self.empty_calls += 1
+            self._emit(OP_EMPTY_CACHE, -1, 0, e, idx)
+            return
         self.seg_kinds.append(_SEG_CODES[act])
         self.seg_sizes.append(size)
         self.seg_addrs.append(int_or_zero(e.get("addr")))
