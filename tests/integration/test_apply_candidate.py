@@ -91,18 +91,7 @@ def test_the_oom_cards_apply_asks_first_and_keeps_the_pinned_options(clean_env):
     assert view.applied is not None and "Applied" in view.result.value
 
 
-@pytest.fixture
-def ip(clean_env):
-    from IPython import get_ipython
-    from IPython.testing.globalipapp import start_ipython
-
-    shell = start_ipython() or get_ipython()
-    shell.run_line_magic("load_ext", "allocconf_widget")
-    yield shell
-    shell.run_line_magic("unload_ext", "allocconf_widget")
-
-
-def test_flight_apply_of_this_kernels_oom_keeps_the_pinned_options(ip, capsys):
+def test_flight_apply_of_this_kernels_oom_keeps_the_pinned_options(clean_env, ip, capsys):
     session = get_session(ip)
     _applied_before(session)
     demo = load_demo_oom()
@@ -120,7 +109,7 @@ def test_flight_apply_of_this_kernels_oom_keeps_the_pinned_options(ip, capsys):
     _kept(session)
 
 
-def test_flight_apply_of_the_demo_asks_then_keeps_the_pinned_options(ip, capsys):
+def test_flight_apply_of_the_demo_asks_then_keeps_the_pinned_options(clean_env, ip, capsys):
     session = get_session(ip)
     _applied_before(session)
     ip.run_line_magic("allocconf", "flight apply --demo")

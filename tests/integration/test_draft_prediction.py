@@ -138,27 +138,17 @@ def test_a_new_recording_is_answered_from_its_own_trace(session, panel):
     assert f"peak reserved {_replayed_peak(session, '')} of" in second
 
 
-def test_the_magic_prints_the_same_prediction(session, capsys):
-    from IPython import get_ipython
-    from IPython.testing.globalipapp import start_ipython
+def test_the_magic_prints_the_same_prediction(session, ip, capsys):
+    from allocconf_widget.app.session import get_session
 
-    from allocconf_widget.app.session import drop_session, get_session
-
-    ip = start_ipython() or get_ipython()
-    ip.run_line_magic("load_ext", "allocconf_widget")
-    try:
-        drop_session(ip)
-        ip.run_line_magic("allocconf", "set max_split_size_mb=256")
-        assert "Prediction" not in capsys.readouterr().out  # nothing of the user's recorded yet
-        shell_session = get_session(ip)
-        shell_session.set_recording(_recording())
-        ip.run_line_magic("allocconf", "set max_split_size_mb=128")
-        out = capsys.readouterr().out
-        assert ("Prediction from the last %%allocconf record, with max_split_size_mb:128: peak reserved "
-                f"{_replayed_peak(shell_session, 'max_split_size_mb:128')} of") in out
-    finally:
-        drop_session(ip)
-        ip.run_line_magic("unload_ext", "allocconf_widget")
+    ip.run_line_magic("allocconf", "set max_split_size_mb=256")
+    assert "Prediction" not in capsys.readouterr().out  # nothing of the user's recorded yet
+    shell_session = get_session(ip)
+    shell_session.set_recording(_recording())
+    ip.run_line_magic("allocconf", "set max_split_size_mb=128")
+    out = capsys.readouterr().out
+    assert ("Prediction from the last %%allocconf record, with max_split_size_mb:128: peak reserved "
+            f"{_replayed_peak(shell_session, 'max_split_size_mb:128')} of") in out
 
 
 def test_a_recording_too_long_for_a_slider_says_where_to_rank_it(session, panel, monkeypatch):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import start_ipython
 
 from allocconf_widget.adapters.recorder import CellRecording
 from tests.torch_versions import needs_torch
@@ -26,21 +25,9 @@ print(f"loss {out.mean().item():.3f}")
 """
 
 
-@pytest.fixture(scope="module")
-def ip():
-    from IPython import get_ipython
-
-    shell = start_ipython() or get_ipython()
-    shell.run_line_magic("load_ext", "allocconf_widget")
-    yield shell
-    shell.run_line_magic("unload_ext", "allocconf_widget")
-
-
 @pytest.fixture(autouse=True)
-def _fresh_session(ip):
-    from allocconf_widget.app.session import drop_session
-
-    drop_session(ip)
+def _cell_names(ip):
+    """What the cells use: torch, a small model on the CPU and a batch size."""
     ip.user_ns["torch"] = torch
     ip.user_ns["model"] = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
                                               torch.nn.Linear(1024, 256))

@@ -20,7 +20,6 @@ import textwrap
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import start_ipython
 
 from allocconf_widget.adapters.flight_history import flight_history
 from tests.torch_versions import cuda_build
@@ -29,21 +28,8 @@ from tests.torch_versions import cuda_build
 _TERMINAL_ESCAPES = re.compile(r"\x1b\][^\x07]*\x07|\x1b\[[0-9;]*[A-Za-z]")
 
 
-@pytest.fixture(scope="module")
-def ip():
-    from IPython import get_ipython
-
-    shell = start_ipython() or get_ipython()
-    shell.run_line_magic("load_ext", "allocconf_widget")
-    yield shell
-    shell.run_line_magic("unload_ext", "allocconf_widget")
-
-
 @pytest.fixture(autouse=True)
 def _recorder_off(ip):
-    from allocconf_widget.app.session import drop_session
-
-    drop_session(ip)
     flight_history().clear_capture()
     yield
     flight_history().turn_off()

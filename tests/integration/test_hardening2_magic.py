@@ -14,25 +14,6 @@ from typing import Any
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import start_ipython
-
-
-@pytest.fixture(scope="module")
-def ip() -> Any:
-    from IPython import get_ipython
-
-    shell = start_ipython() or get_ipython()
-    shell.run_line_magic("load_ext", "allocconf_widget")
-    yield shell
-    shell.run_line_magic("unload_ext", "allocconf_widget")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_session(ip: Any) -> Any:
-    from allocconf_widget.app.session import drop_session
-
-    drop_session(ip)
-    yield
 
 
 @pytest.mark.parametrize("value", ["-5", "0", "999", "10000001", "abc", "1e6"])

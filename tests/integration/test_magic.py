@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import start_ipython
 
 from allocconf_widget.adapters import persist
 from tests.torch_versions import (
@@ -29,24 +28,6 @@ from tests.torch_versions import (
     needs_torch,
     offered,
 )
-
-
-@pytest.fixture(scope="module")
-def ip():
-    from IPython import get_ipython
-
-    shell = start_ipython() or get_ipython()  # started once per process, whichever module is first
-    shell.run_line_magic("load_ext", "allocconf_widget")
-    yield shell
-    shell.run_line_magic("unload_ext", "allocconf_widget")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_session(ip):
-    from allocconf_widget.app.session import drop_session
-
-    drop_session(ip)  # a new session per test: nothing applied in one test leaks into the next
-    yield
 
 
 def magic(ip, line: str, capsys):

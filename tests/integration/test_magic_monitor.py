@@ -13,19 +13,6 @@ from IPython.core.error import UsageError
 from allocconf_widget.app.monitor import MonitorRun
 from allocconf_widget.app.session import get_session
 from allocconf_widget.core.memory.recording import load_demo
-from allocconf_widget.views.widgets.monitor import stop_monitor
-
-
-@pytest.fixture
-def ip():
-    from IPython import get_ipython
-    from IPython.testing.globalipapp import start_ipython
-
-    shell = start_ipython() or get_ipython()
-    shell.run_line_magic("load_ext", "allocconf_widget")
-    yield shell
-    stop_monitor()
-    shell.run_line_magic("unload_ext", "allocconf_widget")
 
 
 def _widget_count() -> int:

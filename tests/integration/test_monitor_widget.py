@@ -274,9 +274,9 @@ def test_concurrent_refreshes_and_device_switches_are_safe(comms):
     assert "peak reserved 3.00 GiB" in view.chart.widget.value
 
 
-def test_cell_hooks_mark_runs_and_ooms_and_go_away_on_stop(comms):
+def test_cell_hooks_mark_runs_and_ooms_and_go_away_on_stop(comms, ipython_shell):
     torch = pytest.importorskip("torch")
-    shell = _test_shell()
+    shell = ipython_shell
     sampler = Sampler(interval=0.05)
     view = MonitorView(MonitorRun(sampler, None), renderer="svg", frontend=Frontend.JUPYTER,
                        shell=shell).start()
@@ -400,14 +400,6 @@ def test_demo_data_file_is_packaged():
     data = resources.files("allocconf_widget").joinpath("data")
     assert data.joinpath("demo_cnn_h200.json").is_file()
     assert Path(str(data.joinpath("demo_cnn_h200.pickle.gz"))).stat().st_size > 10_000
-
-
-def _test_shell():
-    """IPython's global test shell (``start_ipython`` returns it only on its first call)."""
-    from IPython import get_ipython
-    from IPython.testing.globalipapp import start_ipython
-
-    return start_ipython() or get_ipython()
 
 
 def test_close_closes_only_the_monitors_own_widgets(comms):

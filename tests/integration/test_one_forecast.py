@@ -54,20 +54,6 @@ def _settings() -> tuple[str, ...]:
     return SETTINGS if has_torch((2, 1)) else tuple(s for s in SETTINGS if "expandable" not in s)
 
 
-@pytest.fixture
-def ip(monkeypatch, tmp_path):
-    from IPython import get_ipython
-    from IPython.testing.globalipapp import start_ipython
-
-    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    shell = start_ipython() or get_ipython()
-    shell.run_line_magic("load_ext", "allocconf_widget")
-    yield shell
-    shell.run_line_magic("unload_ext", "allocconf_widget")
-
-
 def _cli(path: Path) -> dict[str, Answer]:
     confs = [arg for conf in _settings() for arg in ("--conf", conf)]
     run = subprocess.run([sys.executable, "-m", "allocconf_widget", "simulate", str(path), *confs,

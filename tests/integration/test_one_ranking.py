@@ -34,17 +34,6 @@ META = json.loads((DATA / "cnn__default.json").read_text())
 NON_PYTORCH = META["device_total_bytes"] - META["free_at_start_bytes"]
 
 
-@pytest.fixture
-def ip():
-    from IPython import get_ipython
-    from IPython.testing.globalipapp import start_ipython
-
-    shell = start_ipython() or get_ipython()
-    shell.run_line_magic("load_ext", "allocconf_widget")
-    yield shell
-    shell.run_line_magic("unload_ext", "allocconf_widget")
-
-
 def _cli() -> list[tuple[str, int, bool]]:
     run = subprocess.run([sys.executable, "-m", "allocconf_widget", "simulate", str(TRACE), "--recommend",
                           "--json", "--workers", "1", "--non-pytorch", str(NON_PYTORCH)],

@@ -114,9 +114,9 @@ def test_unparseable_text_still_gives_a_report():
     assert "could not be parsed" in report.headline
 
 
-def test_assistant_reports_after_a_failed_cell_and_uninstalls(observer_case, capsys):
+def test_assistant_reports_after_a_failed_cell_and_uninstalls(observer_case, ipython_shell, capsys):
     torch = pytest.importorskip("torch")
-    shell = _test_shell()
+    shell = ipython_shell
     assistant = install_oom_assistant(shell)
     assert install_oom_assistant(shell) is assistant  # idempotent
     try:
@@ -139,23 +139,15 @@ def test_oom_detection_covers_old_torch_runtime_errors():
     assert not is_cuda_oom(MemoryError("host RAM"))
 
 
-def test_observer_is_not_attached_before_cuda_is_initialised():
+def test_observer_is_not_attached_before_cuda_is_initialised(ipython_shell):
     torch = pytest.importorskip("torch")
-    shell = _test_shell()
+    shell = ipython_shell
     assistant = install_oom_assistant(shell)
     try:
         assert assistant.attach_observer() is False
         assert not torch.cuda.is_initialized()
     finally:
         uninstall_oom_assistant(shell)
-
-
-def _test_shell():
-    """IPython's global test shell (``start_ipython`` returns it only on its first call)."""
-    from IPython import get_ipython
-    from IPython.testing.globalipapp import start_ipython
-
-    return start_ipython() or get_ipython()
 
 
 def _oom_error(torch):

@@ -13,6 +13,9 @@ pytest.importorskip("IPython")
 
 import allocconf_widget.core.config.conf as conf_module
 
+# before the extension loads: HOME a per-test folder; torch imported, so `set` stages
+pytestmark = pytest.mark.usefixtures("tmp_home", "torch_imported")
+
 
 @pytest.fixture
 def parses(monkeypatch):
@@ -26,24 +29,6 @@ def parses(monkeypatch):
     monkeypatch.setattr(conf_module, "_parse_text", counting)
     monkeypatch.setattr(conf_module, "_PARSED", {})
     return calls
-
-
-@pytest.fixture
-def ip(monkeypatch, tmp_path):
-    from IPython import get_ipython
-    from IPython.testing.globalipapp import start_ipython
-
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF"):
-        monkeypatch.delenv(name, raising=False)
-    shell = start_ipython() or get_ipython()
-    shell.run_line_magic("load_ext", "allocconf_widget")
-    import torch  # noqa: F401  (so that set stages instead of applying at once)
-
-    yield shell
-    shell.run_line_magic("allocconf", "discard")
-    shell.run_line_magic("unload_ext", "allocconf_widget")
 
 
 def test_set_parses_the_users_input_once_and_the_environment_once(ip, parses):

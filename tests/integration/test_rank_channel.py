@@ -161,23 +161,14 @@ def test_without_a_channel_rank_reporter_does_nothing(monkeypatch):
     assert allocconf_widget.rank_reporter() is None
 
 
-def test_magic_opens_reports_and_closes(tmp_path, monkeypatch, capsys):
-    pytest.importorskip("IPython")
-    from IPython import get_ipython
-    from IPython.testing.globalipapp import start_ipython
-
+def test_magic_opens_reports_and_closes(tmp_path, monkeypatch, ip, capsys):
     monkeypatch.delenv(rank_channel.CHANNEL_VARIABLE, raising=False)
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "rt"))
-    ip = start_ipython() or get_ipython()
-    ip.run_line_magic("load_ext", "allocconf_widget")
-    try:
-        folder = ip.run_line_magic("allocconf", "-r ranks open")
-        assert Path(folder).parent == tmp_path / "rt"
-        report = ip.run_line_magic("allocconf", "-r ranks status")
-        assert report.ranks == ()
-        out = capsys.readouterr().out
-        assert "no rank has reported yet" in out and "rank_reporter()" in out
-        ip.run_line_magic("allocconf", "ranks close")
-        assert rank_channel.CHANNEL_VARIABLE not in os.environ and not Path(folder).exists()
-    finally:
-        ip.run_line_magic("unload_ext", "allocconf_widget")
+    folder = ip.run_line_magic("allocconf", "-r ranks open")
+    assert Path(folder).parent == tmp_path / "rt"
+    report = ip.run_line_magic("allocconf", "-r ranks status")
+    assert report.ranks == ()
+    out = capsys.readouterr().out
+    assert "no rank has reported yet" in out and "rank_reporter()" in out
+    ip.run_line_magic("allocconf", "ranks close")
+    assert rank_channel.CHANNEL_VARIABLE not in os.environ and not Path(folder).exists()

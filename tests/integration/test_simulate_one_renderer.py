@@ -16,17 +16,6 @@ TRACE = DATA / "cnn__expandable.pickle.gz"
 DEFAULTS = DATA / "cnn__default.pickle.gz"
 
 
-@pytest.fixture
-def ip():
-    from IPython import get_ipython
-    from IPython.testing.globalipapp import start_ipython
-
-    shell = start_ipython() or get_ipython()
-    shell.run_line_magic("load_ext", "allocconf_widget")
-    yield shell
-    shell.run_line_magic("unload_ext", "allocconf_widget")
-
-
 def _table(text: str) -> str:
     """Everything the user reads except the notes and the source's name."""
     lines = [line for line in text.splitlines() if not line.startswith("note: ")]

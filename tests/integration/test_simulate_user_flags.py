@@ -152,18 +152,6 @@ def test_a_split_limit_beside_expandable_segments_is_blamed_on_the_pair():
     assert "costs more than it saves" not in reason
 
 
-@pytest.fixture
-def ip():
-    pytest.importorskip("IPython")
-    from IPython import get_ipython
-    from IPython.testing.globalipapp import start_ipython
-
-    shell = start_ipython() or get_ipython()
-    shell.run_line_magic("load_ext", "allocconf_widget")
-    yield shell
-    shell.run_line_magic("unload_ext", "allocconf_widget")
-
-
 def test_the_magic_takes_the_flags_its_notes_name(ip, capsys):
     """``%allocconf simulate`` told users to "give --device-total", then refused the flag."""
     from IPython.core.error import UsageError

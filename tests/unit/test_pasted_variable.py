@@ -2,22 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-
 from tests.torch_versions import HAS_EXPANDABLE
-
-
-@pytest.fixture
-def ip():
-    pytest.importorskip("IPython")
-    from IPython import get_ipython
-    from IPython.testing.globalipapp import start_ipython
-
-    shell = start_ipython() or get_ipython()
-    shell.run_line_magic("load_ext", "allocconf_widget")
-    yield shell
-    shell.run_line_magic("allocconf", "discard")
-    shell.run_line_magic("unload_ext", "allocconf_widget")
 
 
 def test_a_pasted_variable_replaces_what_was_staged(ip, capsys):

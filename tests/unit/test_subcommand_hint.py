@@ -9,18 +9,6 @@ import sys
 import pytest
 
 
-@pytest.fixture
-def ip():
-    pytest.importorskip("IPython")
-    from IPython import get_ipython
-    from IPython.testing.globalipapp import start_ipython
-
-    shell = start_ipython() or get_ipython()
-    shell.run_line_magic("load_ext", "allocconf_widget")
-    yield shell
-    shell.run_line_magic("unload_ext", "allocconf_widget")
-
-
 @pytest.mark.parametrize(("typed", "meant"), [("sett max_split_size_mb=256", "set"), ("shwo", "show"),
                                               ("simulte --demo", "simulate")])
 def test_the_magic_suggests_the_subcommand(ip, typed, meant):
