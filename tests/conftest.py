@@ -95,8 +95,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.browser)
         # every browser module but the classic-notebook one drives JupyterLab 4 / Notebook 7
         # (some through servers of their own, so the fixture names alone would miss them)
-        lab_module = item.nodeid.startswith("tests/e2e/") and not item.nodeid.startswith(
-            "tests/e2e/test_classic_notebook.py")
+        lab_module = item.nodeid.startswith("tests/browser/") and not item.nodeid.startswith(
+            "tests/browser/test_classic_notebook.py")
         if names & _LAB_FIXTURES or lab_module:
             item.add_marker(pytest.mark.jupyterlab)
         if is_pure_test_module(Path(str(item.path))) and all(
