@@ -13,6 +13,16 @@
   Notebook 7 server also ``jupyterlab`` (CI's Colab cell, on classic Notebook 6, leaves them out).
 * Tests that exercise only the stdlib core are marked ``pure`` (tests/stack_independence.py):
   CI runs them on its main stack only.
+
+The IPython shell every test of a magic uses (docs/testing.md, "The IPython shell"):
+
+* ``ip``: IPython's in-process test shell with ``%load_ext allocconf_widget`` run, as a new
+  kernel's first load; afterwards staged edits are discarded and the extension unloaded (which
+  drops the shell's session and stops a monitor and the flight recorder).
+* ``ipython_shell``: the same shell without the extension.
+* ``torch_imported`` and ``tmp_home``: ask for them before ``ip`` (or with
+  ``pytest.mark.usefixtures``) for a shell in which torch is imported, so ``%allocconf set``
+  stages instead of writing the environment, or whose ``HOME`` is a per-test folder.
 """
 
 from __future__ import annotations
@@ -24,10 +34,14 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.stack_independence import is_pure_test_module
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
 
 ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
 THREAD_PREFIX = "allocconf"
@@ -36,6 +50,7 @@ THREAD_GRACE_S = 1.0
 _KERNEL_FIXTURES = {"kernel", "kernel_factory"}
 _BROWSER_FIXTURES = {"browser_page", "chromium", "notebook_page"}
 _LAB_FIXTURES = {"jupyter_server", "browser_page", "notebook_page"}  # the JupyterLab 4 server
+_SHELL_FIXTURES = {"ipython_shell", "ip", "torch_imported"}  # IPython and torch: never pure
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -80,8 +95,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.browser)
         # every browser module but the classic-notebook one drives JupyterLab 4 / Notebook 7
         # (some through servers of their own, so the fixture names alone would miss them)
-        lab_module = item.nodeid.startswith("tests/e2e/") and not item.nodeid.startswith(
-            "tests/e2e/test_classic_notebook.py")
+        lab_module = item.nodeid.startswith("tests/browser/") and not item.nodeid.startswith(
+            "tests/browser/test_classic_notebook.py")
         if names & _LAB_FIXTURES or lab_module:
             item.add_marker(pytest.mark.jupyterlab)
         if is_pure_test_module(Path(str(item.path))) and all(
@@ -91,10 +106,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _fixture_is_pure(item: pytest.Item, name: str) -> bool:
-    """pytest's own, this file's, a parameter, or one defined in the (pure) test module itself
-    (tests/stack_independence.py); decided by where the fixture is defined."""
+    """pytest's own, this file's (but the shell's), a parameter, or one defined in the (pure) test
+    module itself (tests/stack_independence.py); decided by where the fixture is defined."""
     if name == "request" or name in getattr(getattr(item, "callspec", None), "params", {}):
         return True
+    if name in _SHELL_FIXTURES:
+        return False
     info = getattr(item, "_fixtureinfo", None)
     definitions = info.name2fixturedefs.get(name, ()) if info is not None else ()
     allowed = {__name__, getattr(getattr(item, "module", None), "__name__", None)}
@@ -159,6 +176,57 @@ def _isolated_alloc_env(xdg_config_home: Path) -> Iterator[dict[str, str | None]
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@pytest.fixture
+def ipython_shell() -> InteractiveShell:
+    """IPython's in-process test shell (``IPython.testing.globalipapp``), our extension not loaded.
+
+    There is one per process: ``start_ipython`` makes it on its first call and returns None on
+    every later one, so the shell then comes from ``get_ipython``.
+    """
+    from IPython import get_ipython
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython() or get_ipython()
+    assert shell is not None
+    return shell
+
+
+@pytest.fixture
+def ip(ipython_shell: InteractiveShell) -> Iterator[InteractiveShell]:
+    """The shell with ``%load_ext allocconf_widget`` run, in the environment ``_isolated_alloc_env``
+    made for this test (the load is a new kernel's first: it re-applies saved settings, of which
+    this test's empty ``XDG_CONFIG_HOME`` has none).
+
+    The shell's session is new (one left by a test that used the shell without this fixture is
+    dropped first). Afterwards the staged edits are discarded and the extension unloaded, which
+    drops the session and stops a monitor and the flight recorder.
+    """
+    from allocconf_widget.app.session import drop_session
+
+    drop_session(ipython_shell)
+    ipython_shell.run_line_magic("load_ext", "allocconf_widget")
+    yield ipython_shell
+    if ipython_shell.find_line_magic("allocconf") is not None:  # the test may have unloaded it
+        ipython_shell.run_line_magic("allocconf", "discard")
+    ipython_shell.run_line_magic("unload_ext", "allocconf_widget")
+
+
+@pytest.fixture
+def torch_imported() -> None:
+    """Import torch (the CPU build here): ``%allocconf set`` then stages instead of writing the
+    environment. Torch stays imported for the rest of the process, as in a kernel."""
+    pytest.importorskip("torch")
+
+
+@pytest.fixture
+def tmp_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``HOME`` set to an empty per-test folder (where the search for a project folder stops)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    return home
 
 
 def _suspects(before: set[threading.Thread]) -> list[threading.Thread]:

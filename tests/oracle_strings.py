@@ -4,7 +4,7 @@ The generator decides, independently of our parser, whether each string is
 *well-formed*: it knows when it injected something torch would misread
 (signs, exponents or decimals in integers, trailing junk, glued words,
 clamped sizes, unsorted or lone-'>' lists) or a structural slip (trailing
-commas, '=' ...). Used by tests/integration/test_torch_oracle.py (CPU torch,
+commas, '=' ...). Used by tests/unit/test_torch_oracle.py (CPU torch,
 generic keys) and tests/gpu/test_torch_oracle_gpu.py (CUDA torch, every key).
 """
 

@@ -12,7 +12,7 @@ Built from torch 2.15's ``c10/cuda/CUDAAllocatorConfig.cpp``:
   A value that is not a list runs the tokenizer off its end (an internal assert).
 
 ``ACCEPTED`` holds what torch takes; ``IGNORED`` what it warns about and ignores, and
-``BROKEN`` what makes it fail. ``tests/integration/test_torch_oracle_reserve.py`` asks a torch
+``BROKEN`` what makes it fail. ``tests/unit/test_torch_oracle_reserve.py`` asks a torch
 2.15 CUDA build the same questions.
 """
 

@@ -13,7 +13,8 @@ is ``__future__``, pytest, hypothesis, ``allocconf_widget.core`` or below (or it
 that is itself pure, or a standard-library module that cannot reach another stack: no
 ``subprocess``, ``multiprocessing``, ``importlib`` (a test could import anything by name, or
 read installed versions), ``runpy``, ``ctypes`` or ``asyncio``. Only ``tests/unit`` and
-``tests/hostile`` qualify: the other folders' fixtures start kernels, servers and browsers.
+``tests/hostile`` qualify: the other folders' tests start IPython shells, widgets, the CLI,
+kernels, servers and browsers (docs/testing.md's tiers).
 When in doubt (a relative import, a file that does not parse) a module is not pure, so the
 worst a mistake costs is a test run once more than it needs to. The core can still read the
 installed torch through a ``torch_version=None`` default; ``tests/conftest.py`` makes that call

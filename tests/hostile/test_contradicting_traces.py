@@ -113,12 +113,7 @@ def test_the_cli_replays_it_with_numbers_that_can_be_true(case: str, tmp_path: P
         assert 0.0 <= row["fragmentation_at_peak"] <= 1.0
 
 
-def test_the_magic_replays_them_without_a_traceback(tmp_path: Path) -> None:
-    from IPython import get_ipython
-    from IPython.testing.globalipapp import start_ipython
-
-    ip = start_ipython() or get_ipython()  # None once an earlier test started the shell
-    ip.run_line_magic("load_ext", "allocconf_widget")
+def test_the_magic_replays_them_without_a_traceback(tmp_path: Path, ip) -> None:
     for case in sorted(CASES):
         entries, extra = CASES[case]
         (tmp_path / case).mkdir()

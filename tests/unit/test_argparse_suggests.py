@@ -4,14 +4,14 @@ Python 3.14's argparse suggests a close choice itself when a parser has ``sugges
 (off by default in 3.14, on in 3.15): "invalid choice: 'sett', maybe you meant 'set'? (choose
 from …)". Ours ("did you mean set?") must then not be added. This machine has no 3.14, so the
 argparse message is written here as 3.14's ``_check_value`` words it; the end-to-end checks run
-on whichever Python runs the suite and expect exactly one suggestion in either wording.
+on whichever Python runs the suite and expect exactly one suggestion in either wording (the
+CLI's: tests/cli/test_argparse_suggests.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 import sys
 
 import pytest
@@ -66,10 +66,3 @@ def test_every_parser_of_ours_asks_argparse_to_suggest(build: str) -> None:
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert parser.suggest_on_error  # type: ignore[attr-defined]
     assert all(sub.suggest_on_error for sub in subparsers.choices.values())
-
-
-def test_the_cli_suggests_once() -> None:
-    run = subprocess.run([sys.executable, "-m", "allocconf_widget", "simulat", "--demo"],
-                         capture_output=True, text=True, timeout=60, check=False)
-    assert run.returncode == 2
-    assert suggestions(run.stderr, "simulate") == 1, run.stderr

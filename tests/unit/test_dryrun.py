@@ -236,23 +236,6 @@ def test_training_on_fake_cuda_on_a_cpu_only_build_stops_with_the_line_instead_o
 # ---------------------------------------------------------------- save, replay, predict, plan
 
 @requires_fake_cuda
-def test_a_saved_dry_run_replays_in_allocconf_simulate_labelled_an_estimate(tmp_path):
-    import allocconf_widget
-
-    with allocconf_widget.dry_run("t4") as run:
-        _mlp_step(1024)
-    path = run.save(tmp_path / "step.pickle")
-    proc = subprocess.run([sys.executable, "-m", "allocconf_widget", "simulate", str(path)],
-                          capture_output=True, text=True, timeout=120, check=False,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert proc.returncode == 0, proc.stderr
-    text = proc.stdout + proc.stderr
-    assert "dry run (estimate)" in text
-    assert "15.00 GiB" in text  # the T4's capacity, from the sidecar
-    assert "fake CUDA tensors" in text  # the gaps are said
-
-
-@requires_fake_cuda
 def test_predict_gives_peak_reserved_and_an_oom_verdict_per_gpu():
     import allocconf_widget
 

@@ -4,7 +4,7 @@ Colab's front end does not exist on this machine: its detection is fed the
 module/environment markers Colab's kernel has (docs/internals/notebook_facts.md §9), and its
 restart path is checked with the process kill replaced by a recorder — the one
 mock in this suite, because killing the test process is not an option. The
-JupyterLab and Notebook 7 restart path is exercised for real in tests/e2e/test_restart_browser.py.
+JupyterLab and Notebook 7 restart path is exercised for real in tests/browser/test_restart_browser.py.
 """
 
 from __future__ import annotations

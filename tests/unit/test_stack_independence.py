@@ -49,7 +49,7 @@ def test_anything_that_can_reach_another_stack_is_not(tmp_path: Path, source: st
 def test_only_the_unit_and_hostile_folders_qualify() -> None:
     assert is_pure_test_module(TESTS / "unit" / "test_simulator.py")
     assert not is_pure_test_module(TESTS / "unit" / "test_dryrun.py")  # imports torch's adapters
-    assert not is_pure_test_module(TESTS / "integration" / "test_cli_simulate_edges.py")
+    assert not is_pure_test_module(TESTS / "cli" / "test_cli_simulate_edges.py")
 
 
 def test_the_marker_reaches_the_collected_items(request: pytest.FixtureRequest) -> None:

@@ -1,6 +1,6 @@
 """The What-if charts (issue 24, items 2 and 6), without a browser: they always draw this
 kernel's own setting, and every label is written whole. The browser tests measure the same
-in the page (tests/e2e/test_nothing_cut_off_browser.py, test_classic_notebook.py)."""
+in the page (tests/browser/test_nothing_cut_off_browser.py, test_classic_notebook.py)."""
 
 from __future__ import annotations
 
