@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from tests.e2e.jupyter import find_widget, screenshot, set_toggle, wait_for_text, wait_until
+from tests.browser.jupyter import find_widget, screenshot, set_toggle, wait_for_text, wait_until
 
 pytestmark = pytest.mark.browser
 
