@@ -30,6 +30,7 @@ from typing import Any
 
 from allocconf_widget.core.sim.capacity import replay_room
 from allocconf_widget.core.sim.engine import Engine
+from allocconf_widget.core.sim.native import new_engine
 from allocconf_widget.core.sim.result import (
     Divergence,
     Fidelity,
@@ -107,7 +108,7 @@ def simulate(
             recording's longest wait (:mod:`.timing`) and attach the peak's range
             (:attr:`SimResult.peak_reserved_range`).
     """
-    engine = Engine(
+    engine = new_engine(
         trace,
         settings,
         device_total=device_total,
@@ -154,8 +155,8 @@ class TimingBound:
 def replay_bound(variant: Trace, settings: SimSettings, *, device_total: int | None,
                  non_pytorch_bytes: int, stop_at_oom: bool) -> TimingBound:
     """Replay one timing variant of a trace (no series, no segment events)."""
-    other = Engine(variant, settings, device_total=device_total, non_pytorch_bytes=non_pytorch_bytes,
-                   stop_at_oom=stop_at_oom).run(1)
+    other = new_engine(variant, settings, device_total=device_total, non_pytorch_bytes=non_pytorch_bytes,
+                       stop_at_oom=stop_at_oom).run(1)
     return TimingBound(other.peak_reserved_bytes, other.largest_segment_bytes,
                        other.oom is not None and not other.oom.recorded)
 

@@ -152,6 +152,7 @@ class Trace:
         """Pickle without the cached lists (workers rebuild them from the arrays)."""
         state = dict(self.__dict__)
         state.pop("_columns", None)
+        state.pop("_native", None)
         state.pop("_timing", None)
         state.pop("_limited", None)
         return state
