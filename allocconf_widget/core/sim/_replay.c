@@ -41,7 +41,6 @@ typedef int32_t i32;
 #define BUMP_BASE (1LL << 60)
 #define SPACE_TOP (1LL << 59)
 #define FRESH_DRAIN_AT 2048
-#define LOAD 512
 #define NONE (-1)
 
 enum { SEG_ALLOC = 0, SEG_FREE = 1, SEG_MAP = 2, SEG_UNMAP = 3 };
@@ -64,7 +63,7 @@ typedef struct {
     i32 n, cap;
 } Chunk;
 
-typedef struct { /* SortedKeys: sorted chunks of at most 2 * LOAD keys */
+typedef struct { /* SortedKeys: sorted chunks of at most 2 * load keys */
     Chunk *c;
     i32 nc, cc;
 } SK;
@@ -184,6 +183,7 @@ typedef struct {
     /* scratch */
     i32 *scratch;
     i32 nscratch, scratchcap;
+    i32 load; /* sorted_keys.LOAD: a chunk splits past 2 * load keys, merges below load / 2 */
 } E;
 
 static void bail(E *e, int code) { longjmp(e->jb, code); }
@@ -271,7 +271,7 @@ static void sk_add(E *e, SK *s, i64 ks, i64 kt, i32 b) {
     c->a[j].kt = kt;
     c->a[j].b = b;
     c->n++;
-    if (c->n > 2 * LOAD) {
+    if (c->n > 2 * e->load) {
         i32 half = c->n >> 1;
         sk_insert_chunk(e, s, pos + 1);
         c = &s->c[pos];
@@ -289,7 +289,7 @@ static void sk_remove_at(E *e, SK *s, i32 pos, i32 j) {
     c->n--;
     if (c->n == 0) {
         sk_drop_chunk(s, pos);
-    } else if (c->n < LOAD / 2 && s->nc > 1) {
+    } else if (c->n < e->load / 2 && s->nc > 1) {
         i32 p = pos == 0 ? 1 : pos; /* join chunk p into p - 1 */
         Chunk *a = &s->c[p - 1], *b = &s->c[p];
         ch_reserve(e, a, (i64)a->n + b->n);
@@ -298,7 +298,7 @@ static void sk_remove_at(E *e, SK *s, i32 pos, i32 j) {
         memcpy(&a->a[a->n], b->a, (size_t)b->n * sizeof(Ent));
         a->n += b->n;
         sk_drop_chunk(s, p);
-        if (s->c[p - 1].n > 2 * LOAD) {
+        if (s->c[p - 1].n > 2 * e->load) {
             Chunk *c2 = &s->c[p - 1];
             i32 half = c2->n >> 1;
             sk_insert_chunk(e, s, p);
@@ -1839,7 +1839,7 @@ static PyObject *result_tuple(E *e, Series *s) {
     return Py_BuildValue("(iNNNNNNNN)", OK, counters, oom, events, cols[0], cols[1], cols[2], cols[3], cols[4]);
 }
 
-/* replay(columns, lanes, rules, limit_rows, hints, seed, series_points) -> tuple
+/* replay(columns, lanes, rules, limit_rows, hints, seed, series_points, load) -> tuple
  *
  * columns: (n, ops bytes (int8), aids, sizes, lanes, op_index (int64 bytes), num_addresses)
  * lanes: (fl_pool tuple: pool index per free list (lane*2 small, lane*2+1 large),
@@ -1855,13 +1855,20 @@ static PyObject *py_replay(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *columns, *lanes, *rules, *limit_rows, *hints, *seedp;
     long long series_points;
-    if (!PyArg_ParseTuple(args, "OOOOOOL", &columns, &lanes, &rules, &limit_rows, &hints, &seedp, &series_points))
+    int load;
+    if (!PyArg_ParseTuple(args, "OOOOOOLi", &columns, &lanes, &rules, &limit_rows, &hints, &seedp, &series_points,
+                          &load))
         return NULL;
+    if (load < 1) {
+        PyErr_SetString(PyExc_ValueError, "load must be positive");
+        return NULL;
+    }
     E *e = calloc(1, sizeof(E));
     if (!e) return PyErr_NoMemory();
     Series s;
     memset(&s, 0, sizeof(s));
     PyObject *out = NULL;
+    e->load = load;
     int code = setjmp(e->jb);
     if (code != 0) goto done_code;
     {

@@ -26,6 +26,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from allocconf_widget.core.sim import expandable as xp
+from allocconf_widget.core.sim import sorted_keys
 from allocconf_widget.core.sim.engine import Engine, _recorded_limit, _replay_limit
 from allocconf_widget.core.sim.limits import FRACTION_SCALE, OP_SET_LIMIT
 from allocconf_widget.core.sim.result import PredictedOom, SegmentEvent, SimResult, SimSeries
@@ -227,7 +228,8 @@ class NativeEngine:
             if seed is None:
                 return None
         out: tuple[Any, ...] = _NATIVE.replay(cols.columns, (cols.fl_pool, cols.fl_rank, pools), rule_args,
-                                              tuple(limit_rows), hints, seed, series_points)
+                                              tuple(limit_rows), hints, seed, series_points,
+                                              sorted_keys.LOAD)
         return out
 
     def _result(self, out: tuple[Any, ...], seconds: float) -> SimResult:
