@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.engine_agreement import DIGESTS, archives, digest, outcome, recordings, replays  # noqa: E402
+from tests.engine_agreement import DIGESTS, archives, digest, outcome, recordings, replays
 
 
 def main() -> int:
@@ -54,11 +54,13 @@ def main() -> int:
                         found[key] = got
                         if not args.write and stored.get(key) != got:
                             bad += 1
-                            print(f"DIFFERS ({engine}): {key}: stored {stored.get(key)}, got {got}", flush=True)
+                            print(f"DIFFERS ({engine}): {key}: stored {stored.get(key)}, got {got}",
+                                  flush=True)
         print(f"{archive.name}: {len(found)} replays so far, {bad} differ", flush=True)
     for engine, times in per_replay.items():
         if times:
-            print(f"{engine}: {len(times)} replays, {sum(times):.1f} s, median {statistics.median(times) * 1e3:.1f} ms")
+            print(f"{engine}: {len(times)} replays, {sum(times):.1f} s, "
+                  f"median {statistics.median(times) * 1e3:.1f} ms")
     if args.write:
         DIGESTS.write_text(json.dumps(dict(sorted(found.items())), indent=0) + "\n")
         print(f"wrote {len(found)} digests to {DIGESTS}")

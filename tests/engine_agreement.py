@@ -102,7 +102,8 @@ def _recording(name: str, path: Path) -> Recording:
     total = meta.get("device_total_bytes")
     free = meta.get("free_at_start_bytes")
     non_pytorch = total - free if isinstance(total, int) and isinstance(free, int) and free <= total else 0
-    return Recording(name, extract_trace(snap), settings, total if isinstance(total, int) else None, non_pytorch)
+    device = total if isinstance(total, int) else None
+    return Recording(name, extract_trace(snap), settings, device, non_pytorch)
 
 
 def replays(rec: Recording) -> Iterator[tuple[str, SimSettings, dict[str, Any]]]:

@@ -40,6 +40,9 @@ CASES = [
     (["fidelity.py", "--data", str(BENCH / "data" / "heldout"), "--workloads", "offload"],
      "slow:expandable"),
     (["unrecorded_ranges.py"], "unrecorded peaks inside their range"),
+    (["bench_engines.py", "--events", "20000", "--repeat", "1", "--recordings", "2"], "median ratio"),
+    (["engine_digests.py", "--check", "both", "--archives", "/cnn.tar"],
+     "cnn.tar.xz: 154 replays so far, 0 differ"),
 ]
 
 

@@ -44,4 +44,5 @@ def test_every_archived_recording_replays_as_the_python_engine_did(tmp_path: Pat
     assert not differ, (f"{len(differ)} replays differ from the Python engine's digests (a bug in one "
                         f"engine, or benchmarks/engine_digests.py --write not run after a change of "
                         f"the Python engine): {differ[:5]}")
-    assert seen == set(stored), "the digests are of other recordings: run benchmarks/engine_digests.py --write"
+    assert seen == set(stored), \
+        "the digests are of other recordings: run benchmarks/engine_digests.py --write"

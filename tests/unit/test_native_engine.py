@@ -32,7 +32,7 @@ from allocconf_widget.core.sim.trace.decode import decode_entries
 from allocconf_widget.core.sim.trace.extract import extract_trace
 from allocconf_widget.core.sim.trace.model import Trace
 from allocconf_widget.core.versions import TorchVersion
-from tests.engine_agreement import ROOT, outcome, replays, served_natively, data_recordings
+from tests.engine_agreement import ROOT, data_recordings, outcome, replays, served_natively
 from tests.hostile import replay_shapes
 from tests.trace_builder import TraceBuilder
 
@@ -110,7 +110,8 @@ def test_a_trace_beyond_the_compiled_bounds_replays_in_python_alike() -> None:
 
 
 def test_the_environment_variable_forces_the_python_engine() -> None:
-    code = "from allocconf_widget.core.sim import native; print(native.engine_name(), native.describe_engine())"
+    code = ("from allocconf_widget.core.sim import native; "
+            "print(native.engine_name(), native.describe_engine())")
     env = {**os.environ, native.ENGINE_VARIABLE: "python"}
     forced = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
                             cwd=ROOT)
@@ -178,8 +179,9 @@ def build(steps: list[tuple[str, int, int]]) -> TraceBuilder:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=st.lists(step, min_size=4, max_size=120), config=configs(), load=st.sampled_from([1, 4, 512]),
        fractions=st.lists(st.sampled_from([0.3, 0.6, 1.0]), max_size=2))
-def test_generated_traces_replay_alike(steps: list[tuple[str, int, int]], config: tuple[SimSettings, int | None],
-                                       load: int, fractions: list[float]) -> None:
+def test_generated_traces_replay_alike(steps: list[tuple[str, int, int]],
+                                       config: tuple[SimSettings, int | None], load: int,
+                                       fractions: list[float]) -> None:
     s, device = config
     trace = build(steps).build()
     if fractions and trace.num_ops > 2:

@@ -219,6 +219,10 @@ static inline int key_lt(i64 ks, i64 kt, i64 ks2, i64 kt2) { return ks < ks2 || 
 
 /* -------------------------------------------------------------- sorted keys (SK) */
 static i32 sk_chunk_for(const SK *s, i64 ks, i64 kt) { /* first chunk whose last key >= key */
+    if (s->nc == 1) {
+        const Ent *last = &s->c[0].a[s->c[0].n - 1];
+        return key_lt(last->ks, last->kt, ks, kt) ? 1 : 0;
+    }
     i32 lo = 0, hi = s->nc;
     while (lo < hi) {
         i32 mid = (lo + hi) >> 1;
@@ -1868,7 +1872,9 @@ static PyObject *py_replay(PyObject *self, PyObject *args) {
     Series s;
     memset(&s, 0, sizeof(s));
     PyObject *out = NULL;
-    e->load = load;
+    /* chunks of 2 * 48 keys at most: a key here is 24 bytes where a Python chunk holds 8-byte
+     * references, and an insertion moves half a chunk on average */
+    e->load = load < 48 ? load : 48;
     int code = setjmp(e->jb);
     if (code != 0) goto done_code;
     {

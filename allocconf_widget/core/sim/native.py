@@ -215,9 +215,9 @@ class NativeEngine:
             limit_rows.append((encoded, *_limits(changed, _replay_limit(changed))))
         hints = None
         if kw["address_hints"]:
-            pairs = [(size, addr) for kind, size, addr in zip(trace.seg_kinds, trace.seg_sizes, trace.seg_addrs,
-                                                              strict=True) if kind == SEG_ALLOC]
-            maps = [addr for kind, addr in zip(trace.seg_kinds, trace.seg_addrs, strict=True) if kind == SEG_MAP]
+            segs = list(zip(trace.seg_kinds, trace.seg_sizes, trace.seg_addrs, strict=True))
+            pairs = [(size, addr) for kind, size, addr in segs if kind == SEG_ALLOC]
+            maps = [addr for kind, _, addr in segs if kind == SEG_MAP]
             if not all(0 <= v < _SUM_CEILING for pair in pairs for v in pair) or \
                     not all(0 <= v < _SUM_CEILING for v in maps):
                 return None
@@ -244,7 +244,11 @@ class NativeEngine:
         series = SimSeries(tuple(index[row] for row in last), tuple(times[row] for row in last), tuple(s_res),
                            tuple(s_alloc), tuple(1.0 - a / r if r else 0.0
                                                  for a, r in zip(alloc_end, res_end, strict=True)))
-        predicted = PredictedOom(*oom[:6], recorded=bool(oom[6]), rejected=bool(oom[7])) if oom else None
+        predicted = None
+        if oom is not None:
+            event_index, requested, rounded, segment, reserved_then, allocated_then, recorded, rejected = oom
+            predicted = PredictedOom(event_index, requested, rounded, segment, reserved_then, allocated_then,
+                                     recorded=bool(recorded), rejected=bool(rejected))
         stopped = stop_op >= 0
         catches = trace.program_catches_ooms()
         return SimResult(
@@ -331,9 +335,9 @@ def _seed_payload(eng: Engine) -> tuple[Any, ...] | None:
     pending = [(aid, order[id(b)]) for aid, b in eng.pending.items()]
     reservations = [(seg.base, seg.page, seg.size) for seg in eng.reservations]
     counter = next(eng.counter)  # the Python engine is done with: the next tie-break the replay hands out
-    counts = (eng.reserved, eng.allocated, eng.active, eng.requested, eng.peak_reserved, eng.chunk_max_reserved,
-              eng.peak_allocated, eng.chunk_max_alloc, eng.peak_active, eng.largest_segment,
-              int(eng.skip_expandable), eng.space.low, counter)
+    counts = (eng.reserved, eng.allocated, eng.active, eng.requested, eng.peak_reserved,
+              eng.chunk_max_reserved, eng.peak_allocated, eng.chunk_max_alloc, eng.peak_active,
+              eng.largest_segment, int(eng.skip_expandable), eng.space.low, counter)
     va = [(start, eng.va_ends[start]) for start in eng.va_starts]
     if not all(0 <= v < _SUM_CEILING for v in counts) or \
             not all(0 <= v < _SUM_CEILING for seg in reservations for v in seg) or \

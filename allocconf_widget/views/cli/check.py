@@ -100,7 +100,8 @@ def _check_env(args: argparse.Namespace, report: Any) -> int:
         print(json.dumps(_valid_unicode({
             "torch_version": str(report.version), "set": report.set_vars,
             "generic_from": report.generic_from, "device_from": report.device_from,
-            "problems": problems, "replay_engine": engine_name(), "replay_engine_detail": describe_engine()})))
+            "problems": problems, "replay_engine": engine_name(),
+            "replay_engine_detail": describe_engine()})))
     else:
         if not report.set_vars:
             print(f"no allocator variable is set: torch {report.version} uses its defaults")
