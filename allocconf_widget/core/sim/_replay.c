@@ -48,6 +48,11 @@ enum { OK = 0, UNSUPPORTED = 1, NOMEM = 2 };
 
 /* ------------------------------------------------------------------ structures */
 typedef struct {
+    i64 *last, *res, *alloc, *alloc_end, *res_end;
+    i64 n, cap;
+} Series;
+
+typedef struct {
     i64 ptr, size, tb, req, gcb, ks, kt; /* ks, kt: the free-list key it was cached under */
     i32 prev, next, fl, seg;
     uint8_t busy, pending, mapped, cached, in_cands, in_fresh, dead, pad;
@@ -124,7 +129,7 @@ typedef struct {
     /* trace */
     i64 n;
     int8_t *ops;
-    const i64 *aids, *sizes, *lanes, *op_index;
+    const i64 *aids, *sizes, *lanes, *op_index, *op_time;
     i64 num_addresses;
     /* rules */
     i64 slots[16];
@@ -1564,10 +1569,6 @@ static int run_ops(E *e, i64 a, i64 bnd) {
 }
 
 /* ---------------------------------------------------------------- the module */
-typedef struct {
-    i64 *last, *res, *alloc, *alloc_end, *res_end;
-    i64 n, cap;
-} Series;
 
 static void series_push(E *e, Series *s, i64 last) {
     if (s->n == s->cap) {
@@ -1668,16 +1669,39 @@ static int bytes_view(PyObject *obj, i64 items, size_t item, const char **out) {
 
 static i64 *alloc_i64(i64 n) { return malloc((size_t)(n ? n : 1) * sizeof(i64)); }
 
-static PyObject *i64_list(const i64 *v, i64 n) {
-    PyObject *out = PyList_New((Py_ssize_t)n);
+/* a tuple of v[i], or of at[v[i]] */
+static PyObject *i64_tuple(const i64 *v, i64 n, const i64 *at) {
+    PyObject *out = PyTuple_New((Py_ssize_t)n);
     if (!out) return NULL;
     for (i64 i = 0; i < n; i++) {
-        PyObject *x = PyLong_FromLongLong(v[i]);
+        PyObject *x = PyLong_FromLongLong(at ? at[v[i]] : v[i]);
         if (!x) {
             Py_DECREF(out);
             return NULL;
         }
-        PyList_SetItem(out, (Py_ssize_t)i, x);
+        PyTuple_SetItem(out, (Py_ssize_t)i, x);
+    }
+    return out;
+}
+
+/* engine.Engine._run's cached share per point, 1 - allocated / reserved: the same double as
+ * Python's where both are below 2^53 (then a / r is the correctly rounded quotient in either);
+ * None where one is not, and the caller computes them */
+static PyObject *frag_tuple(const Series *s) {
+    for (i64 i = 0; i < s->n; i++)
+        if (s->alloc_end[i] < 0 || s->alloc_end[i] >= (1LL << 53) || s->res_end[i] < 0 ||
+            s->res_end[i] >= (1LL << 53))
+            Py_RETURN_NONE;
+    PyObject *out = PyTuple_New((Py_ssize_t)s->n);
+    if (!out) return NULL;
+    for (i64 i = 0; i < s->n; i++) {
+        double v = s->res_end[i] ? 1.0 - (double)s->alloc_end[i] / (double)s->res_end[i] : 0.0;
+        PyObject *x = PyFloat_FromDouble(v);
+        if (!x) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SetItem(out, (Py_ssize_t)i, x);
     }
     return out;
 }
@@ -1815,11 +1839,12 @@ static PyObject *result_tuple(E *e, Series *s) {
         }
         PyList_SetItem(events, (Py_ssize_t)i, t);
     }
-    PyObject *cols[5] = {i64_list(s->last, s->n), i64_list(s->res, s->n), i64_list(s->alloc, s->n),
-                         i64_list(s->alloc_end, s->n), i64_list(s->res_end, s->n)};
-    for (int k = 0; k < 5; k++) {
+    PyObject *cols[7] = {i64_tuple(s->last, s->n, e->op_index), i64_tuple(s->last, s->n, e->op_time),
+                         i64_tuple(s->res, s->n, NULL), i64_tuple(s->alloc, s->n, NULL), frag_tuple(s),
+                         i64_tuple(s->alloc_end, s->n, NULL), i64_tuple(s->res_end, s->n, NULL)};
+    for (int k = 0; k < 7; k++) {
         if (!cols[k]) {
-            for (int j = 0; j < 5; j++) Py_XDECREF(cols[j]);
+            for (int j = 0; j < 7; j++) Py_XDECREF(cols[j]);
             Py_DECREF(oom);
             Py_DECREF(events);
             return NULL;
@@ -1835,17 +1860,18 @@ static PyObject *result_tuple(E *e, Series *s) {
         (long long)(e->first_avoided >= 0 ? e->op_index[e->first_avoided] : -1), (long long)e->active,
         (long long)e->requested);
     if (!counters) {
-        for (int j = 0; j < 5; j++) Py_DECREF(cols[j]);
+        for (int j = 0; j < 7; j++) Py_DECREF(cols[j]);
         Py_DECREF(oom);
         Py_DECREF(events);
         return NULL;
     }
-    return Py_BuildValue("(iNNNNNNNN)", OK, counters, oom, events, cols[0], cols[1], cols[2], cols[3], cols[4]);
+    return Py_BuildValue("(iNNNNNNNNNN)", OK, counters, oom, events, cols[0], cols[1], cols[2], cols[3], cols[4],
+                         cols[5], cols[6]);
 }
 
 /* replay(columns, lanes, rules, limit_rows, hints, seed, series_points, load) -> tuple
  *
- * columns: (n, ops bytes (int8), aids, sizes, lanes, op_index (int64 bytes), num_addresses)
+ * columns: (n, ops bytes (int8), aids, sizes, lanes, op_index, op_time (int64 bytes), num_addresses)
  * lanes: (fl_pool tuple: pool index per free list (lane*2 small, lane*2+1 large),
  *         fl_srank tuple, pools tuple of (small, default, expandable))
  * rules: (slots16, div2, max_split (-1 unlimited), slack, large_segment, by_addr, exp_on,
@@ -1879,8 +1905,9 @@ static PyObject *py_replay(PyObject *self, PyObject *args) {
     if (code != 0) goto done_code;
     {
         i64 n, num_addresses;
-        PyObject *ops_b, *aids_b, *sizes_b, *lanes_b, *index_b;
-        if (!PyArg_ParseTuple(columns, "LOOOOOL", &n, &ops_b, &aids_b, &sizes_b, &lanes_b, &index_b, &num_addresses))
+        PyObject *ops_b, *aids_b, *sizes_b, *lanes_b, *index_b, *time_b;
+        if (!PyArg_ParseTuple(columns, "LOOOOOOL", &n, &ops_b, &aids_b, &sizes_b, &lanes_b, &index_b, &time_b,
+                              &num_addresses))
             goto fail;
         const char *p;
         e->n = n;
@@ -1896,6 +1923,8 @@ static PyObject *py_replay(PyObject *self, PyObject *args) {
         e->lanes = (const i64 *)p;
         if (bytes_view(index_b, n, 8, &p) < 0) goto fail;
         e->op_index = (const i64 *)p;
+        if (bytes_view(time_b, n, 8, &p) < 0) goto fail;
+        e->op_time = (const i64 *)p;
         e->num_addresses = num_addresses;
         PyObject *fl_pool, *fl_srank, *pools;
         if (!PyArg_ParseTuple(lanes, "OOO", &fl_pool, &fl_srank, &pools)) goto fail;

@@ -142,7 +142,7 @@ def _columns(trace: Trace) -> _Columns:
         if trace.limit_changes else ()
     columns = (n, ops.tobytes() if ops.typecode == "b" else array("b", ops).tobytes(),
                _raw(trace.addr_ids), _raw(trace.sizes), _raw(trace.lanes), _raw(trace.op_index),
-               trace.num_addresses)
+               _raw(trace.op_time_us), trace.num_addresses)
     cached = _Columns(columns, tuple(fl_pool), tuple(fl_rank), tuple(sorted(pools, key=pools.__getitem__)),
                       fits, fractions)
     object.__setattr__(trace, "_native", cached)
@@ -234,16 +234,15 @@ class NativeEngine:
 
     def _result(self, out: tuple[Any, ...], seconds: float) -> SimResult:
         trace = self.trace
-        _, counters, oom, events, last, s_res, s_alloc, alloc_end, res_end = out
+        _, counters, oom, events, s_idx, s_time, s_res, s_alloc, s_frag, alloc_end, res_end = out
         (peak_reserved, peak_allocated, peak_active, reserved, allocated, num_device_alloc, num_device_free,
          num_alloc_retries, num_ooms, num_oom_rejections, num_sync_all_streams, recorded_ooms,
          recorded_ooms_avoided, largest_segment, stop_op, first_avoided, _, _) = counters
         if self.kwargs["record_segments"]:
             self.seg_events = [tuple(ev) for ev in events]
-        index, times = trace.op_index, trace.op_time_us
-        series = SimSeries(tuple(index[row] for row in last), tuple(times[row] for row in last), tuple(s_res),
-                           tuple(s_alloc), tuple(1.0 - a / r if r else 0.0
-                                                 for a, r in zip(alloc_end, res_end, strict=True)))
+        if s_frag is None:  # a number the compiled engine cannot divide as Python does
+            s_frag = tuple(1.0 - a / r if r else 0.0 for a, r in zip(alloc_end, res_end, strict=True))
+        series = SimSeries(s_idx, s_time, s_res, s_alloc, s_frag)
         predicted = None
         if oom is not None:
             event_index, requested, rounded, segment, reserved_then, allocated_then, recorded, rejected = oom
