@@ -30,7 +30,7 @@ from typing import Any
 
 from allocconf_widget.core.sim.capacity import replay_room
 from allocconf_widget.core.sim.engine import Engine
-from allocconf_widget.core.sim.native import new_engine
+from allocconf_widget.core.sim.native import engine_name, new_engine
 from allocconf_widget.core.sim.result import (
     Divergence,
     Fidelity,
@@ -279,7 +279,8 @@ def simulate_many(
     The trace goes to each worker once (its columns are ``array`` objects, which
     pickle as raw bytes); each task then ships only a small :class:`SimSettings`.
     One configuration, ``workers=1``, or a platform that cannot start processes
-    runs in this process. Results come back in input order. ``check`` holds a
+    runs in this process; so does ``workers=None`` where the compiled engine replays (else it
+    means a process per core). Results come back in input order. ``check`` holds a
     :func:`simulate` ``check`` flag per configuration (for the recorded one).
     ``progress(done, total)`` is called after each configuration finishes, so a
     front end can show how far a slow comparison has got. ``timing`` holds a
@@ -307,7 +308,10 @@ def simulate_many(
         raise ValueError("timing needs one flag per configuration")
     per_config = [{**base, "check": flag, "timing": t} for flag, t in zip(flags, ranges, strict=True)]
     if workers is None:
-        workers = os.cpu_count() or 1
+        # the compiled engine replays a million entries in tens of milliseconds: shipping the
+        # trace to worker processes, which then build its timing orders again, costs more than
+        # it saves, and in this process the trace keeps what it built for the next call
+        workers = 1 if engine_name() == "native" else os.cpu_count() or 1
     total = len(configs)
     results: list[SimResult | None] = [None] * total
     done = 0
