@@ -81,13 +81,15 @@ def main() -> None:
         raise SystemExit("the compiled engine is not built (python setup.py build_ext --inplace)")
     head = (f"{'replay':58} {'py min':>9} {'py med':>9} {'c min':>8} {'c med':>8} {'ratio':>8}"
             "\n" + " " * 58 + "   (CPU ms per replay; ratio: Python / compiled, of the medians)")
-    trace = decode_entries(training_loop(args.events))
-    print(f"{args.events:,}-entry training loop: {trace.num_ops:,} operations")
     print(head)
-    big = [row(conf or "(defaults)", *timed(trace, SimSettings.from_string(conf, "2.11"), args.repeat,
-                                              device_total=80 * 10**9))
-           for conf in CONFS]
-    print(f"1M trace: median ratio {statistics.median(big):.1f}× (min {min(big):.1f}×)\n")
+    if args.events:  # 0: the recordings only
+        trace = decode_entries(training_loop(args.events))
+        print(f"{args.events:,}-entry training loop: {trace.num_ops:,} operations")
+        big = [row(conf or "(defaults)", *timed(trace, SimSettings.from_string(conf, "2.11"), args.repeat,
+                                                  device_total=80 * 10**9))
+               for conf in CONFS]
+        print(f"{args.events:,}-entry trace: median ratio {statistics.median(big):.1f}× "
+              f"(min {min(big):.1f}×)\n")
     ratios = []
     with tempfile.TemporaryDirectory() as tmp:
         for n, archive in enumerate(archives()[:args.recordings]):

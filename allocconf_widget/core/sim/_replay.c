@@ -1669,17 +1669,29 @@ static int bytes_view(PyObject *obj, i64 items, size_t item, const char **out) {
 
 static i64 *alloc_i64(i64 n) { return malloc((size_t)(n ? n : 1) * sizeof(i64)); }
 
-/* a tuple of v[i], or of at[v[i]] */
+/* a tuple of v[i], or of at[v[i]]; a value equal to the one before shares its object (a
+ * series repeats its peaks from point to point) */
 static PyObject *i64_tuple(const i64 *v, i64 n, const i64 *at) {
     PyObject *out = PyTuple_New((Py_ssize_t)n);
     if (!out) return NULL;
+    PyObject *prev = NULL;
+    i64 last = 0;
     for (i64 i = 0; i < n; i++) {
-        PyObject *x = PyLong_FromLongLong(at ? at[v[i]] : v[i]);
-        if (!x) {
-            Py_DECREF(out);
-            return NULL;
+        i64 value = at ? at[v[i]] : v[i];
+        PyObject *x;
+        if (prev && value == last) {
+            Py_INCREF(prev);
+            x = prev;
+        } else {
+            x = PyLong_FromLongLong(value);
+            if (!x) {
+                Py_DECREF(out);
+                return NULL;
+            }
         }
         PyTuple_SetItem(out, (Py_ssize_t)i, x);
+        prev = x;
+        last = value;
     }
     return out;
 }
@@ -1694,14 +1706,22 @@ static PyObject *frag_tuple(const Series *s) {
             Py_RETURN_NONE;
     PyObject *out = PyTuple_New((Py_ssize_t)s->n);
     if (!out) return NULL;
+    PyObject *prev = NULL;
     for (i64 i = 0; i < s->n; i++) {
-        double v = s->res_end[i] ? 1.0 - (double)s->alloc_end[i] / (double)s->res_end[i] : 0.0;
-        PyObject *x = PyFloat_FromDouble(v);
-        if (!x) {
-            Py_DECREF(out);
-            return NULL;
+        PyObject *x;
+        if (prev && s->alloc_end[i] == s->alloc_end[i - 1] && s->res_end[i] == s->res_end[i - 1]) {
+            Py_INCREF(prev);
+            x = prev;
+        } else {
+            double v = s->res_end[i] ? 1.0 - (double)s->alloc_end[i] / (double)s->res_end[i] : 0.0;
+            x = PyFloat_FromDouble(v);
+            if (!x) {
+                Py_DECREF(out);
+                return NULL;
+            }
         }
         PyTuple_SetItem(out, (Py_ssize_t)i, x);
+        prev = x;
     }
     return out;
 }
