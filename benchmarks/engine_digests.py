@@ -8,7 +8,7 @@ Every recording of ``benchmarks/data`` (held-out ones too) is replayed under its
 (with the self-check) and under the what-ifs of ``tests/engine_agreement.WHAT_IFS``; each
 replay's fields (all but the time it took: peaks, counters, OOM facts, series, segment events,
 the fidelity, the timing range) are hashed into a digest. ``--write`` stores the Python
-engine's digests; CI's ``tests/integration/test_engine_digests.py`` replays every recording on
+engine's digests; CI's ``tests/unit/test_engine_digests.py`` replays every recording on
 the compiled engine and compares. A disagreement is a bug in one of the engines.
 """
 

@@ -4,7 +4,7 @@ The compiled engine (``core/sim/_replay.c``) must give exactly what the Python e
 (``core/sim/engine.py``) gives: every :class:`~allocconf_widget.core.sim.result.SimResult`
 field but the time it took, the segment events, the fidelity of a self-check and the range of
 a timing-dependent peak. Used by ``tests/unit/test_native_engine.py``,
-``tests/integration/test_engine_digests.py`` and ``benchmarks/engine_digests.py``.
+``tests/unit/test_engine_digests.py`` and ``benchmarks/engine_digests.py``.
 
 A *digest* is a short hash of one replay's fields: ``tests/data/engine_digests.json`` holds the
 Python engine's digest of every archived recording under a grid of settings, so CI can hold

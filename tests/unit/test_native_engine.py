@@ -7,7 +7,7 @@ the two engines on: every recording in ``tests/data`` under its own settings and
 the hostile shapes; property-generated traces with streams, frees that wait on other streams,
 recorded OOMs, memory-fraction changes and free lists in chunks of a few keys. The archived
 recordings of ``benchmarks/data`` are compared through their digests
-(``tests/integration/test_engine_digests.py``).
+(``tests/unit/test_engine_digests.py``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-import subprocess
-import sys
 from typing import Any
 from unittest import mock
 
@@ -107,20 +105,6 @@ def test_a_trace_beyond_the_compiled_bounds_replays_in_python_alike() -> None:
     s = SimSettings.from_string("", "2.11")
     assert not served_natively(trace, s)
     assert_alike(trace, s, record_segments=True)
-
-
-def test_the_environment_variable_forces_the_python_engine() -> None:
-    code = ("from allocconf_widget.core.sim import native; "
-            "print(native.engine_name(), native.describe_engine())")
-    env = {**os.environ, native.ENGINE_VARIABLE: "python"}
-    forced = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
-                            cwd=ROOT)
-    assert forced.stdout.split()[:2] == ["python", "python"]
-    assert "ALLOCCONF_REPLAY_ENGINE=python" in forced.stdout
-    env.pop(native.ENGINE_VARIABLE)
-    chosen = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
-                            cwd=ROOT)
-    assert chosen.stdout.startswith("native native (compiled)")
 
 
 # ------------------------------------------------------------------ property-generated traces
