@@ -55,7 +55,7 @@ def _load() -> tuple[ModuleType | None, str]:
     try:
         from allocconf_widget.core.sim import _replay  # type: ignore[attr-defined]
     except ImportError:
-        return None, "python (this install has no compiled engine: see README, \"Install\")"
+        return None, "python (this install has no compiled engine: see README, \"Installing\")"
     return _replay, "native (compiled)"
 
 
