@@ -12,6 +12,7 @@ recordings of ``benchmarks/data`` are compared through their digests
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import os
@@ -23,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from allocconf_widget.core.memory.snapshot import load_snapshot
-from allocconf_widget.core.sim import native, sorted_keys
+from allocconf_widget.core.sim import native, sorted_keys, timing
 from allocconf_widget.core.sim.limits import FractionChange, with_fraction_changes
 from allocconf_widget.core.sim.settings import SimSettings
 from allocconf_widget.core.sim.trace.decode import decode_entries
@@ -175,3 +176,32 @@ def test_generated_traces_replay_alike(steps: list[tuple[str, int, int]],
     with mock.patch.object(sorted_keys, "LOAD", load):
         assert_alike(trace, s, device_total=device, stop_at_oom=False, record_segments=True)
         assert_alike(trace, s, device_total=device, series_points=5)
+
+
+def assert_orders_alike(trace: Trace) -> None:
+    """The GPU-timing orders (:mod:`.timing`), built from the raw columns by the compiled module
+    and by the Python code, are the same arrays."""
+    built = {}
+    for engine in ("native", "python"):
+        fresh = dataclasses.replace(trace)  # no orders cached yet
+        with native.python_engine() if engine == "python" else contextlib.nullcontext():
+            built[engine] = timing._build(fresh)
+    for order in ("early", "late"):
+        ours, theirs = getattr(built["native"], order), getattr(built["python"], order)
+        for name in ("ops", "addr_ids", "sizes", "lanes", "op_index", "op_time_us"):
+            a, b = getattr(ours, name), getattr(theirs, name)
+            assert a == b and a.typecode == b.typecode, f"the {order} order's {name} differs"
+        assert ours.num_addresses == theirs.num_addresses
+
+
+@pytest.mark.parametrize("name", ["streams__default", "streams2__frac_default", "transformer_nb__default"])
+def test_recordings_timing_orders_are_built_alike(name: str) -> None:
+    rec = next(r for r in RECORDINGS if name in r.name)
+    assert rec.trace.deferred_frees or name == "transformer_nb__default"
+    assert_orders_alike(rec.trace)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(step, min_size=4, max_size=150))
+def test_generated_timing_orders_are_built_alike(steps: list[tuple[str, int, int]]) -> None:
+    assert_orders_alike(build(steps).build())

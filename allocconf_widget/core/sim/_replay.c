@@ -2090,8 +2090,190 @@ done:
     return out;
 }
 
+/* timing._own_ids_after_reuse: own_ids(ops, aids, watched, num_addresses) -> (aids bytes, fresh)
+ * ops: int8 per row; aids: int64 per row; watched: one byte per address id */
+static PyObject *py_own_ids(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *ops_b, *aids_b, *watched_b;
+    long long num;
+    if (!PyArg_ParseTuple(args, "OOOL", &ops_b, &aids_b, &watched_b, &num)) return NULL;
+    Py_ssize_t n = PyBytes_Size(ops_b);
+    if (n < 0) return NULL;
+    const char *ops_p, *aids_p, *w_p;
+    if (bytes_view(ops_b, n, 1, &ops_p) < 0 || bytes_view(aids_b, n, 8, &aids_p) < 0 ||
+        bytes_view(watched_b, num, 1, &w_p) < 0)
+        return NULL;
+    const int8_t *ops = (const int8_t *)ops_p;
+    const i64 *aids = (const i64 *)aids_p;
+    const uint8_t *watched = (const uint8_t *)w_p;
+    PyObject *out = PyBytes_FromStringAndSize(aids_p, n * 8);
+    i64 *cur = malloc((size_t)(num ? num : 1) * sizeof(i64));
+    i64 *req = malloc((size_t)(num ? num : 1) * sizeof(i64));
+    if (!out || !cur || !req) {
+        Py_XDECREF(out);
+        free(cur);
+        free(req);
+        return PyErr_NoMemory();
+    }
+    i64 *ids = (i64 *)PyBytes_AsString(out);
+    for (i64 a = 0; a < num; a++) cur[a] = req[a] = -1;
+    i64 fresh = num;
+    for (Py_ssize_t row = 0; row < n; row++) {
+        int op = ops[row];
+        if (op < 0 || op > 3) continue;
+        i64 aid = aids[row];
+        if (aid < 0 || aid >= num) {
+            Py_DECREF(out);
+            free(cur);
+            free(req);
+            PyErr_SetString(PyExc_ValueError, "a row names an address id the trace does not have");
+            return NULL;
+        }
+        if (!watched[aid]) continue;
+        if (op == 0) cur[aid] = fresh++;
+        if (op == 3) {
+            if (req[aid] >= 0) {
+                ids[row] = req[aid];
+                req[aid] = -1;
+            } else {
+                ids[row] = cur[aid] >= 0 ? cur[aid] : aid;
+            }
+            continue;
+        }
+        ids[row] = cur[aid] >= 0 ? cur[aid] : aid;
+        if (op == 2) req[aid] = ids[row];
+    }
+    free(cur);
+    free(req);
+    return Py_BuildValue("(NL)", out, (long long)fresh);
+}
+
+/* timing._rebuild: reorder(columns, item sizes, moves, early) -> columns
+ * Each row j of moves ((j, p) pairs, p -1: dropped) leaves its place and goes in before row p
+ * (p == n: at the end), after the rows moved there earlier in moves' order; with early, ops
+ * (the first column, int8) turn free_requested (2) into free (1). */
+static PyObject *py_reorder(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *cols, *itemsizes, *moves;
+    int early;
+    if (!PyArg_ParseTuple(args, "OOOp", &cols, &itemsizes, &moves, &early)) return NULL;
+    Py_ssize_t ncol = PySequence_Size(cols), nmoves = PySequence_Size(moves);
+    if (ncol <= 0 || nmoves < 0 || PySequence_Size(itemsizes) != ncol) {
+        PyErr_SetString(PyExc_ValueError, "columns and item sizes must match");
+        return NULL;
+    }
+    i64 item[16];
+    const char *src[16];
+    if (ncol > 16) {
+        PyErr_SetString(PyExc_ValueError, "at most 16 columns");
+        return NULL;
+    }
+    if (read_i64s(itemsizes, item, ncol) < 0) return NULL;
+    PyObject *first = PySequence_GetItem(cols, 0);
+    if (!first) return NULL;
+    Py_ssize_t nbytes0 = PyBytes_Size(first);
+    Py_DECREF(first);
+    if (nbytes0 < 0 || item[0] <= 0) return NULL;
+    i64 n = nbytes0 / item[0];
+    PyObject *keep[16];
+    for (Py_ssize_t c = 0; c < ncol; c++) {
+        keep[c] = PySequence_GetItem(cols, c);
+        if (!keep[c] || item[c] <= 0 || item[c] > 8 || bytes_view(keep[c], n, (size_t)item[c], &src[c]) < 0) {
+            for (Py_ssize_t k = 0; k <= c; k++) Py_XDECREF(keep[k]);
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a column has the wrong length");
+            return NULL;
+        }
+    }
+    uint8_t *removed = calloc((size_t)n + 1, 1);
+    i64 *at = malloc((size_t)(nmoves ? nmoves : 1) * sizeof(i64)); /* where each move goes */
+    i64 *from = malloc((size_t)(nmoves ? nmoves : 1) * sizeof(i64));
+    i64 *start = calloc((size_t)n + 2, sizeof(i64)); /* counting sort of the moves by target */
+    i64 *order = malloc((size_t)(nmoves ? nmoves : 1) * sizeof(i64));
+    PyObject *outs[16] = {NULL};
+    i64 kept = n, added = 0;
+    int ok = removed && at && from && start && order;
+    for (Py_ssize_t m = 0; ok && m < nmoves; m++) {
+        PyObject *t = PySequence_GetItem(moves, m);
+        i64 v[2];
+        if (!t || read_i64s(t, v, 2) < 0) ok = 0;
+        Py_XDECREF(t);
+        if (!ok) break;
+        if (v[0] < 0 || v[0] >= n || v[1] < -1 || v[1] > n || removed[v[0]]) {
+            PyErr_SetString(PyExc_ValueError, "a move names a row the trace does not have, or one twice");
+            ok = 0;
+            break;
+        }
+        removed[v[0]] = 1;
+        kept--;
+        from[m] = v[0];
+        at[m] = v[1];
+        if (v[1] >= 0) {
+            start[v[1] + 1]++;
+            added++;
+        }
+    }
+    if (ok) {
+        for (i64 r = 0; r <= n; r++) start[r + 1] += start[r];
+        i64 *fill = malloc((size_t)(n + 1) * sizeof(i64));
+        if (!fill) {
+            ok = 0;
+        } else {
+            memcpy(fill, start, (size_t)(n + 1) * sizeof(i64));
+            for (Py_ssize_t m = 0; m < nmoves; m++)
+                if (at[m] >= 0) order[fill[at[m]]++] = from[m];
+            free(fill);
+        }
+    }
+    i64 total = kept + added;
+    for (Py_ssize_t c = 0; ok && c < ncol; c++) {
+        outs[c] = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(total * item[c]));
+        if (!outs[c]) ok = 0;
+    }
+    if (ok) {
+        for (Py_ssize_t c = 0; c < ncol; c++) {
+            char *dst = PyBytes_AsString(outs[c]);
+            size_t w = (size_t)item[c];
+            i64 k = 0;
+            for (i64 r = 0; r <= n; r++) {
+                for (i64 q = start[r]; q < start[r + 1]; q++) memcpy(dst + (k++) * w, src[c] + order[q] * w, w);
+                if (r < n && !removed[r]) {
+                    /* a run of kept rows up to the next cut goes in one copy */
+                    i64 e2 = r;
+                    while (e2 + 1 < n && !removed[e2 + 1] && start[e2 + 2] == start[e2 + 1]) e2++;
+                    memcpy(dst + k * w, src[c] + r * w, (size_t)(e2 - r + 1) * w);
+                    k += e2 - r + 1;
+                    r = e2;
+                }
+            }
+            if (c == 0 && early)
+                for (i64 i = 0; i < total; i++)
+                    if (dst[i] == 2) dst[i] = 1;
+        }
+    }
+    free(removed);
+    free(at);
+    free(from);
+    free(start);
+    free(order);
+    for (Py_ssize_t c = 0; c < ncol; c++) Py_DECREF(keep[c]);
+    if (!ok) {
+        for (Py_ssize_t c = 0; c < ncol; c++) Py_XDECREF(outs[c]);
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        return NULL;
+    }
+    PyObject *res = PyTuple_New(ncol);
+    if (!res) {
+        for (Py_ssize_t c = 0; c < ncol; c++) Py_DECREF(outs[c]);
+        return NULL;
+    }
+    for (Py_ssize_t c = 0; c < ncol; c++) PyTuple_SetItem(res, c, outs[c]);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"replay", py_replay, METH_VARARGS, "Replay one trace under one configuration (see core/sim/native.py)."},
+    {"own_ids", py_own_ids, METH_VARARGS, "timing._own_ids_after_reuse on raw columns."},
+    {"reorder", py_reorder, METH_VARARGS, "timing._rebuild on raw columns."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -68,6 +68,12 @@ def engine_name() -> str:
     return "native" if _NATIVE is not None and not _forced_python else "python"
 
 
+def compiled() -> ModuleType | None:
+    """The compiled module where replays use it (None: the Python engine serves); :mod:`.timing`
+    builds a trace's GPU-timing orders with it."""
+    return _NATIVE if engine_name() == "native" else None
+
+
 def describe_engine() -> str:
     """The engine in use and why, for ``allocconf check --env``."""
     if _forced_python and _NATIVE is not None:
