@@ -18,7 +18,6 @@ from setuptools.command.bdist_wheel import bdist_wheel
 PURE = os.environ.get("ALLOCCONF_PURE") == "1"
 
 
-
 def _limited_api() -> bool:
     """The limited API needs CPython with the GIL (a free-threaded build has no abi3)."""
     import sysconfig

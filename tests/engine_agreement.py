@@ -46,6 +46,11 @@ def outcome(trace: Trace, settings: SimSettings, *, engine: str, **kwargs: Any) 
         result = simulate(trace, settings, **kwargs)
     fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
     del fields["seconds"]
+    # the settings by what they say: a TorchVersion's text is whichever spelling of the release
+    # was parsed first in the process (equal versions share one object), not part of the replay
+    v = result.settings.torch_version
+    fields["settings"] = (result.settings.describe(), v.major, v.minor, v.build,
+                          dataclasses.replace(result.settings, torch_version=v, label=None).describe())
     return fields
 
 

@@ -1930,6 +1930,10 @@ static PyObject *py_replay(PyObject *self, PyObject *args) {
                               &num_addresses))
             goto fail;
         const char *p;
+        if (n < 0 || num_addresses < 0 || num_addresses >= INT32_MAX) {
+            PyErr_SetString(PyExc_ValueError, "a trace's rows and address ids are counts below 2^31");
+            goto fail;
+        }
         e->n = n;
         if (bytes_view(ops_b, n, 1, &p) < 0) goto fail;
         e->ops = malloc((size_t)(n ? n : 1));
