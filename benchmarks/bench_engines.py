@@ -99,8 +99,9 @@ def main() -> None:
             times = timed(rec.trace, rec.settings, args.repeat, device_total=rec.device_total,
                           non_pytorch_bytes=rec.non_pytorch_bytes, stop_at_oom=False)
             ratios.append(row(label, *times))
-    print(f"recordings: {len(ratios)} workloads, median ratio {statistics.median(ratios):.1f}× "
-          f"(min {min(ratios):.1f}×, max {max(ratios):.1f}×)")
+    if ratios:
+        print(f"recordings: {len(ratios)} workloads, median ratio {statistics.median(ratios):.1f}× "
+              f"(min {min(ratios):.1f}×, max {max(ratios):.1f}×)")
 
 
 if __name__ == "__main__":
