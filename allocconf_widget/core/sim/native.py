@@ -42,10 +42,14 @@ ENGINE_VARIABLE = "ALLOCCONF_REPLAY_ENGINE"
 
 #: every number the compiled engine holds stays below this (a sum of two stays below 2^63)
 _CEILING = 1 << 62
-#: sizes of one row stay below this, and their sum over the trace below 2^61 (reserved memory,
-#: peaks and addresses are sums of them)
+#: settings' sizes (a segment, a page) stay below this
 _SIZE_CEILING = 1 << 46
+#: the trace's sizes added up, with a segment's worth of rounding per row, stay below this:
+#: reserved memory, the peaks and the driver model's addresses are sums of them
 _SUM_CEILING = 1 << 61
+#: the most a new segment or a mapping adds to a row's size: rounding to 2 MiB, a 32 MiB
+#: alignment of its address
+_ROW_SLACK = 34 << 20
 
 
 def _load() -> tuple[ModuleType | None, str]:
@@ -119,7 +123,8 @@ class _Columns:
     fl_pool: tuple[int, ...]
     fl_rank: tuple[int, ...]
     pools: tuple[tuple[tuple[int, int], bool], ...]  # (pool id, small), default large/small first
-    fits: bool  # the sizes are within the compiled engine's bounds
+    fits: bool  # the trace's shape is within the compiled engine's bounds
+    size_sum: int  # its rows' sizes added up (see _bounds_ok)
     fractions: tuple[int, ...]  # the distinct fractions of the trace's ``limit`` rows
 
 
@@ -140,17 +145,15 @@ def _columns(trace: Trace) -> _Columns:
             fl_pool.append(pools.setdefault((pool_id, small), len(pools)))
     rank = {stream: pos for pos, stream in enumerate(sorted(set(trace.lane_streams)))}
     fl_rank = [rank[stream] for stream in trace.lane_streams for _ in (0, 1)]
-    largest = max(trace.sizes, default=0)
-    fits = (min(trace.sizes, default=0) >= 0 and largest < _SIZE_CEILING
-            and largest * (n + 1) + trace.initial_reserved_bytes < _SUM_CEILING
-            and trace.num_addresses < (1 << 31) and 2 * len(trace.lane_pools) < (1 << 31))
+    fits = (min(trace.sizes, default=0) >= 0 and trace.num_addresses < (1 << 31)
+            and 2 * len(trace.lane_pools) < (1 << 31))
     fractions = tuple(sorted({trace.sizes[row] for row in rows_with(ops, (OP_SET_LIMIT,))})) \
         if trace.limit_changes else ()
     columns = (n, ops.tobytes() if ops.typecode == "b" else array("b", ops).tobytes(),
                _raw(trace.addr_ids), _raw(trace.sizes), _raw(trace.lanes), _raw(trace.op_index),
                _raw(trace.op_time_us), trace.num_addresses)
     cached = _Columns(columns, tuple(fl_pool), tuple(fl_rank), tuple(sorted(pools, key=pools.__getitem__)),
-                      fits, fractions)
+                      fits, sum(trace.sizes) + trace.initial_reserved_bytes, fractions)
     object.__setattr__(trace, "_native", cached)
     return cached
 
@@ -166,9 +169,14 @@ def _limits(rules: EngineRules, release: int | None) -> tuple[int, int, int, int
             int(rules.gc_enabled))
 
 
-def _bounds_ok(rules: EngineRules) -> bool:
+def _bounds_ok(rules: EngineRules, cols: _Columns) -> bool:
+    """Whether every number of this replay stays below 2^61: each segment is a row's size rounded
+    (or the large-segment size, or a page), so reserved memory, the peaks and the addresses are
+    at most the rows' sizes added up plus that much per row."""
     values = [rules.large_segment, rules.expandable_reserve(), rules.device_total or 0, rules.usable or 0]
-    return all(0 <= v < _SIZE_CEILING << 6 for v in values)
+    rows = cols.columns[0] + 1
+    return (all(0 <= v < _SIZE_CEILING << 6 for v in values)
+            and cols.size_sum + rows * (rules.large_segment + _ROW_SLACK) < _SUM_CEILING)
 
 
 class NativeEngine:
@@ -203,7 +211,7 @@ class NativeEngine:
         assert _NATIVE is not None
         trace, rules, kw = self.trace, self.rules, self.kwargs
         cols = _columns(trace)
-        if not cols.fits or not _bounds_ok(rules):
+        if not cols.fits or not _bounds_ok(rules, cols):
             return None
         pools = tuple((int(small), int(pool_id == (0, 0)),
                        int(rules.expandable and (pool_id == (0, 0) or rules.expandable_private_pools)))
