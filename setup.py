@@ -1,4 +1,5 @@
-"""Build script for the optional compiled replay engine (``allocconf_widget.core.sim._replay``).
+"""Build script for the optional compiled modules: the replay engine (``core.sim._replay``) and
+the trace-entry check's inline path (``core.memory._entrycheck``).
 
 Everything else about the package is in pyproject.toml. The extension is built on CPython's
 limited API, so one ``cp310-abi3`` wheel serves every Python from 3.10 on; it is optional: where
@@ -36,13 +37,16 @@ class _Wheel(bdist_wheel):
 
 ext_modules = [] if PURE else [
     Extension(
-        "allocconf_widget.core.sim._replay",
-        sources=["allocconf_widget/core/sim/_replay.c"],
+        name,
+        sources=[source],
         py_limited_api=_limited_api(),
         define_macros=[("Py_LIMITED_API", "0x030A0000")] if _limited_api() else [],
         extra_compile_args=["-O2", "-std=c99"] if os.name != "nt" else [],
         optional=True,
-    ),
+    )
+    for name, source in (("allocconf_widget.core.sim._replay", "allocconf_widget/core/sim/_replay.c"),
+                         ("allocconf_widget.core.memory._entrycheck",
+                          "allocconf_widget/core/memory/_entrycheck.c"))
 ]
 
 setup(ext_modules=ext_modules, cmdclass={"bdist_wheel": _Wheel})
