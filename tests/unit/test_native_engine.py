@@ -207,3 +207,53 @@ def test_recordings_timing_orders_are_built_alike(name: str) -> None:
 @given(steps=st.lists(step, min_size=4, max_size=150))
 def test_generated_timing_orders_are_built_alike(steps: list[tuple[str, int, int]]) -> None:
     assert_orders_alike(build(steps).build())
+
+
+# ------------------------------------------------------------------ the decoder's common rows
+def assert_decoded_alike(snapshot: dict[str, Any]) -> None:
+    """``extract_trace`` with the compiled loop over common entries and without: every field."""
+    from allocconf_widget.core.sim.trace.model import Trace as TraceType
+
+    fast = extract_trace(snapshot)
+    with native.python_engine():
+        plain = extract_trace(snapshot)
+    for name in TraceType.__dataclass_fields__:
+        assert getattr(fast, name) == getattr(plain, name), name
+
+
+@pytest.mark.parametrize("rec", RECORDINGS[:6], ids=lambda r: r.name.rsplit("/", 1)[-1])
+def test_recordings_decode_alike(rec: Any) -> None:
+    snap = load_snapshot(str(ROOT / rec.name))
+    assert_decoded_alike(dict(snap))
+    cut = dict(snap)
+    entries = snap["device_traces"][0]
+    cut["device_traces"] = [entries[len(entries) // 2:]]  # a start state, reconstructed
+    assert_decoded_alike(cut)
+
+
+ODD = st.sampled_from([None, "x", 1.5, True, -1, 1 << 70, [1], 0])
+entry_values = st.fixed_dictionaries(
+    {"action": st.sampled_from(["alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
+                                "oom", "snapshot", "weird"])},
+    optional={"addr": st.one_of(st.sampled_from([0x1000, 0x2000, 0x3000, 0x4000]), ODD),
+              "size": st.one_of(st.sampled_from([512, 4096, 3 << 20, 30 << 20]), ODD),
+              "stream": st.one_of(st.sampled_from([0, 0, 7, 1 << 64 - 1]), ODD),
+              "time_us": st.one_of(st.integers(0, 10**6), ODD,
+                                   st.floats(allow_nan=False, allow_infinity=False)),
+              "pool_id": st.sampled_from([(0, 0), (1, 2), None]),
+              "device_free": st.integers(0, 1 << 30)})
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(entry_values, entry_values, entry_values, ODD), max_size=60))
+def test_generated_entries_decode_alike(entries: list[Any]) -> None:
+    outcomes = []
+    for engine in ("native", "python"):
+        with native.python_engine() if engine == "python" else contextlib.nullcontext():
+            try:
+                trace = extract_trace({"segments": [], "device_traces": [entries]})
+            except Exception as exc:
+                outcomes.append((type(exc).__name__, str(exc)))
+            else:
+                outcomes.append(tuple(getattr(trace, name) for name in Trace.__dataclass_fields__))
+    assert outcomes[0] == outcomes[1]

@@ -2274,7 +2274,251 @@ static PyObject *py_reorder(PyObject *self, PyObject *args) {
     return res;
 }
 
+/* ------------------------------------------------------------ the decoder's common rows */
+typedef struct {
+    char *buf;
+    Py_ssize_t n, cap;
+} Buf;
+
+static int buf_put(Buf *b, const void *v, Py_ssize_t size) {
+    if (b->n + size > b->cap) {
+        Py_ssize_t cap = b->cap ? b->cap * 2 : 4096;
+        while (cap < b->n + size) cap *= 2;
+        char *q = realloc(b->buf, (size_t)cap);
+        if (!q) return -1;
+        b->buf = q;
+        b->cap = cap;
+    }
+    memcpy(b->buf + b->n, v, (size_t)size);
+    b->n += size;
+    return 0;
+}
+
+static PyObject *s_action, *s_addr, *s_size, *s_stream, *s_time_us, *s_pool_id, *s_segment_pool_id, *s_mempool_id,
+    *s_alloc, *s_free_requested, *s_free_completed;
+
+/* the value under key (borrowed), NULL where absent; sets *err on an error */
+static PyObject *get(PyObject *d, PyObject *key, int *err) {
+    PyObject *v = PyDict_GetItemWithError(d, key);
+    if (!v && PyErr_Occurred()) *err = 1;
+    return v;
+}
+
+/* an exact int that fits in 64 bits: 1, its value in *out; 0 otherwise */
+static int exact_i64(PyObject *v, i64 *out) {
+    if (!v || !PyLong_CheckExact(v)) return 0;
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (x == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (overflow) return 0;
+    *out = x;
+    return 1;
+}
+
+/* The row a common entry emits (trace/decode._Decoder._emitter's emit): its lane from
+ * default_lanes (0: the stream has none yet, or the entry names a pool: not common), its time
+ * (0: not an int in 64 bits, or a bool: not common). */
+static int emit_fields(PyObject *e, PyObject *default_lanes, i64 *lane, i64 *stamp, int *err) {
+    PyObject *stream = get(e, s_stream, err);
+    if (*err || !stream || !PyLong_CheckExact(stream)) return 0;
+    if (get(e, s_pool_id, err) || *err || get(e, s_segment_pool_id, err) || *err || get(e, s_mempool_id, err) ||
+        *err)
+        return 0;
+    PyObject *l = get(default_lanes, stream, err);
+    if (*err || !l || !exact_i64(l, lane)) return 0;
+    PyObject *t = get(e, s_time_us, err);
+    if (*err) return 0;
+    if (!t) {
+        *stamp = 0;
+        return 1;
+    }
+    return exact_i64(t, stamp);
+}
+
+static int aid_of(PyObject *addr_ids, PyObject *addr, i64 *aid) {
+    PyObject *v = PyDict_GetItemWithError(addr_ids, addr);
+    if (v) {
+        if (!exact_i64(v, aid)) {
+            PyErr_SetString(PyExc_ValueError, "an address id is not an int");
+            return -1;
+        }
+        return 0;
+    }
+    if (PyErr_Occurred()) return -1;
+    Py_ssize_t n = PyDict_Size(addr_ids);
+    PyObject *id = PyLong_FromSsize_t(n);
+    if (!id) return -1;
+    int rc = PyDict_SetItem(addr_ids, addr, id);
+    Py_DECREF(id);
+    *aid = n;
+    return rc;
+}
+
+static int count(PyObject *counts, PyObject *act) {
+    PyObject *v = PyDict_GetItemWithError(counts, act);
+    if (!v && PyErr_Occurred()) return -1;
+    PyObject *one = PyLong_FromLong(1);
+    if (!one) return -1;
+    PyObject *next = v ? PyNumber_Add(v, one) : (Py_INCREF(one), one);
+    Py_DECREF(one);
+    if (!next) return -1;
+    int rc = PyDict_SetItem(counts, act, next);
+    Py_DECREF(next);
+    return rc;
+}
+
+/* decode_common(entries, start, addr_ids, live, counts, default_lanes)
+ *     -> (next index, deferred added, ops, aids, sizes, lanes, index, times)
+ *
+ * trace/decode._Decoder.run for a run of common entries from ``start``: exact dicts whose
+ * action is alloc, free_requested or free_completed, with an exact int address, stream and time
+ * (and size, for an alloc) in 64 bits, no pool field, a stream that has its default lane already,
+ * a free of an address the decoder knows. Each updates the same dicts as the Python loop, in the
+ * same order, and its row goes to the returned columns (raw bytes: int8 ops, int64 the rest). It
+ * stops at the first entry that is not common, untouched, for the Python loop. The caller uses it
+ * only while no completion is held (_Decoder.held) and no private pool was read off the run. */
+static PyObject *py_decode_common(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *entries, *addr_ids, *live, *counts, *default_lanes;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "O!nO!O!O!O!", &PyList_Type, &entries, &start, &PyDict_Type, &addr_ids, &PyDict_Type,
+                          &live, &PyDict_Type, &counts, &PyDict_Type, &default_lanes))
+        return NULL;
+    Py_ssize_t n = PyList_Size(entries);
+    Buf cols[6];
+    memset(cols, 0, sizeof(cols));
+    i64 deferred = 0;
+    Py_ssize_t idx = start < 0 ? 0 : start;
+    int err = 0;
+    while (idx < n && !err) {
+        PyObject *e = PyList_GetItem(entries, idx);
+        if (!e || !PyDict_CheckExact(e)) break;
+        PyObject *act = get(e, s_action, &err);
+        if (err || !act || !PyUnicode_CheckExact(act)) break;
+        int kind = PyUnicode_Compare(act, s_alloc) == 0 ? 0
+                   : PyUnicode_Compare(act, s_free_requested) == 0 ? 1
+                   : PyUnicode_Compare(act, s_free_completed) == 0 ? 2 : -1;
+        if (PyErr_Occurred()) {
+            err = 1;
+            break;
+        }
+        if (kind < 0) break;
+        PyObject *addr = get(e, s_addr, &err);
+        i64 addr_v;
+        if (err || !exact_i64(addr, &addr_v)) break;
+        i64 lane, stamp, size = 0;
+        if (!emit_fields(e, default_lanes, &lane, &stamp, &err)) break;
+        int8_t op;
+        int fused = 0;
+        PyObject *was = NULL; /* live[addr], borrowed */
+        if (kind == 0) {
+            if (!exact_i64(get(e, s_size, &err), &size) || err) break;
+            op = 0;
+        } else {
+            was = get(live, addr, &err);
+            if (err || !was) break; /* a free of an address the decoder does not know: Python counts it */
+            if (kind == 1) {
+                if (idx + 1 < n) {
+                    PyObject *nx = PyList_GetItem(entries, idx + 1);
+                    if (!nx || !PyDict_CheckExact(nx)) break;
+                    PyObject *nact = get(nx, s_action, &err);
+                    if (err || !nact) break;
+                    if (PyUnicode_CheckExact(nact)) {
+                        int same = PyUnicode_Compare(nact, s_free_completed) == 0;
+                        if (PyErr_Occurred()) {
+                            err = 1;
+                            break;
+                        }
+                        if (same) {
+                            PyObject *other = get(nx, s_addr, &err);
+                            i64 other_v;
+                            if (err || !exact_i64(other, &other_v)) break;
+                            fused = other_v == addr_v;
+                        }
+                    } else {
+                        break; /* an action Python compares by ==: left to it */
+                    }
+                }
+                int requested = PyObject_IsTrue(was);
+                if (requested < 0) {
+                    err = 1;
+                    break;
+                }
+                op = fused ? (requested ? 3 : 1) : (requested ? -1 : 2);
+            } else {
+                int requested = PyObject_IsTrue(was);
+                if (requested < 0) {
+                    err = 1;
+                    break;
+                }
+                op = requested ? 3 : 1;
+            }
+        }
+        /* the entry is common: its effects, in the Python loop's order */
+        if (count(counts, act) < 0) {
+            err = 1;
+            break;
+        }
+        if (kind == 0) {
+            if (PyDict_SetItem(live, addr, Py_False) < 0) {
+                err = 1;
+                break;
+            }
+        } else if (kind == 1) {
+            if (fused && count(counts, s_free_completed) < 0) {
+                err = 1;
+                break;
+            }
+            if (fused) {
+                if (PyDict_DelItem(live, addr) < 0) {
+                    err = 1;
+                    break;
+                }
+            } else if (op == 2) {
+                if (PyDict_SetItem(live, addr, Py_True) < 0) {
+                    err = 1;
+                    break;
+                }
+                deferred++;
+            }
+        } else {
+            if (PyDict_DelItem(live, addr) < 0) {
+                err = 1;
+                break;
+            }
+        }
+        if (op >= 0) {
+            i64 aid, row = idx;
+            if (aid_of(addr_ids, addr, &aid) < 0) {
+                err = 1;
+                break;
+            }
+            if (buf_put(&cols[0], &op, 1) < 0 || buf_put(&cols[1], &aid, 8) < 0 || buf_put(&cols[2], &size, 8) < 0 ||
+                buf_put(&cols[3], &lane, 8) < 0 || buf_put(&cols[4], &row, 8) < 0 ||
+                buf_put(&cols[5], &stamp, 8) < 0) {
+                PyErr_NoMemory();
+                err = 1;
+                break;
+            }
+        }
+        idx += fused ? 2 : 1;
+    }
+    PyObject *out = NULL;
+    if (!err && !PyErr_Occurred()) {
+        out = Py_BuildValue("(nLy#y#y#y#y#y#)", idx, (long long)deferred, cols[0].buf ? cols[0].buf : "", cols[0].n,
+                            cols[1].buf ? cols[1].buf : "", cols[1].n, cols[2].buf ? cols[2].buf : "", cols[2].n,
+                            cols[3].buf ? cols[3].buf : "", cols[3].n, cols[4].buf ? cols[4].buf : "", cols[4].n,
+                            cols[5].buf ? cols[5].buf : "", cols[5].n);
+    }
+    for (int k = 0; k < 6; k++) free(cols[k].buf);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"decode_common", py_decode_common, METH_VARARGS, "trace/decode's loop over common entries."},
     {"replay", py_replay, METH_VARARGS, "Replay one trace under one configuration (see core/sim/native.py)."},
     {"own_ids", py_own_ids, METH_VARARGS, "timing._own_ids_after_reuse on raw columns."},
     {"reorder", py_reorder, METH_VARARGS, "timing._rebuild on raw columns."},
@@ -2286,4 +2530,14 @@ static struct PyModuleDef module = {
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__replay(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__replay(void) {
+    const char *names[] = {"action", "addr", "size", "stream", "time_us", "pool_id", "segment_pool_id", "mempool_id",
+                           "alloc", "free_requested", "free_completed"};
+    PyObject **slots[] = {&s_action, &s_addr, &s_size, &s_stream, &s_time_us, &s_pool_id, &s_segment_pool_id,
+                          &s_mempool_id, &s_alloc, &s_free_requested, &s_free_completed};
+    for (int k = 0; k < 11; k++) {
+        *slots[k] = PyUnicode_InternFromString(names[k]);
+        if (!*slots[k]) return NULL;
+    }
+    return PyModule_Create(&module);
+}
