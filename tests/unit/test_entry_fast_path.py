@@ -129,11 +129,17 @@ def _reference(obj: object, limits: LoadLimits) -> bool:
 
 
 def _refused(obj: object, limits: LoadLimits) -> bool:
-    try:
-        check_structure(obj, "test", limits)
-    except SnapshotError:
-        return True
-    return False
+    """The verdict of the walk, the same with the compiled leaf rule as without."""
+    verdicts = []
+    for scalar_dicts in {None, sf.compiled_scalar_dicts()}:
+        try:
+            check_structure(obj, "test", limits, scalar_dicts=scalar_dicts)
+        except SnapshotError as exc:
+            verdicts.append(str(exc))
+        else:
+            verdicts.append(None)
+    assert len(set(verdicts)) == 1, verdicts
+    return verdicts[0] is not None
 
 
 @settings(max_examples=2000, deadline=None)

@@ -105,7 +105,45 @@ static PyObject *first_irregular(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(n);
 }
 
+/* scalar_dicts(node, start, scalar_types) -> (their lengths added up, the next index)
+ *
+ * core/untrusted.check_structure's leaf rule over a run of a list's children from ``start``: each
+ * exact dict whose values' exact types are all in ``scalar_types`` (a tuple of types) counts its
+ * length and is not walked; the run ends at the first child that is anything else. */
+static PyObject *scalar_dicts(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *node, *types;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "O!nO!", &PyList_Type, &node, &start, &PyTuple_Type, &types)) return NULL;
+    Py_ssize_t n = PyList_Size(node), ntypes = PyTuple_Size(types);
+    if (n < 0 || ntypes < 0) return NULL;
+    long long total = 0;
+    Py_ssize_t i = start < 0 ? 0 : start;
+    for (; i < n; i++) {
+        PyObject *child = PyList_GetItem(node, i);
+        if (!child) return NULL;
+        if (!PyDict_CheckExact(child)) break;
+        Py_ssize_t pos = 0;
+        PyObject *key, *value;
+        int scalar = 1;
+        while (scalar && PyDict_Next(child, &pos, &key, &value)) {
+            scalar = 0;
+            for (Py_ssize_t t = 0; t < ntypes; t++) {
+                if ((PyObject *)Py_TYPE(value) == PyTuple_GetItem(types, t)) {
+                    scalar = 1;
+                    break;
+                }
+            }
+        }
+        if (!scalar) break;
+        total += (long long)PyDict_Size(child);
+    }
+    return Py_BuildValue("(Ln)", total, i);
+}
+
 static PyMethodDef methods[] = {
+    {"scalar_dicts", scalar_dicts, METH_VARARGS,
+     "Lengths of the run of scalar dicts from start added up, and the index after the run."},
     {"first_irregular", first_irregular, METH_VARARGS,
      "The index of the first trace entry from start that is not a common one (or the length)."},
     {NULL, NULL, 0, NULL},

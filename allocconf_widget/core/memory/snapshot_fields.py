@@ -197,6 +197,12 @@ def _compiled_check() -> Any:
 _COMPILED = _compiled_check()
 
 
+def compiled_scalar_dicts() -> Any:
+    """The structure walk's leaf rule at compiled speed (``check_structure``'s ``scalar_dicts``),
+    or None where the module is not there."""
+    return None if _COMPILED is None else _COMPILED.scalar_dicts
+
+
 def _entries(trace: list[Any], device: int) -> None:
     """:data:`_ENTRY` on every trace entry, a million of them in a long recording.
 
