@@ -130,7 +130,7 @@ def _reference(obj: object, limits: LoadLimits) -> bool:
 
 def _refused(obj: object, limits: LoadLimits) -> bool:
     """The verdict of the walk, the same with the compiled leaf rule as without."""
-    verdicts = []
+    verdicts: list[str | None] = []
     for scalar_dicts in {None, sf.compiled_scalar_dicts()}:
         try:
             check_structure(obj, "test", limits, scalar_dicts=scalar_dicts)
