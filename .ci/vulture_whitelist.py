@@ -81,6 +81,8 @@ _.simulated_event_index
 _.derived_sizes  # core/sim/state.py
 _.private_segments  # core/sim/pools.py
 _.same_as  # core/sim/state.py: state comparison for verification (fidelity, start-state tests)
+_.python_engine  # core/sim/native.py: tests and benchmarks replay on the Python engine inside it
+_.used_native  # core/sim/native.NativeEngine: tests and benchmarks ask whether the compiled engine served
 _.differences
 
 # ---- read by IPython's display machinery and ipywidgets' traits (set by assignment)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from allocconf_widget._errors import AllocConfError, SnapshotError
+from allocconf_widget.core.sim.native import engine_name
 
 if TYPE_CHECKING:
     from allocconf_widget.app.session import Session
@@ -27,8 +28,10 @@ if TYPE_CHECKING:
     from allocconf_widget.core.config.conf import AllocConf
     from allocconf_widget.core.sim.trace.model import Trace
 
-#: trace entries above which a draft is not replayed at every slider move (three replays of a
-#: million entries take seconds: ``%allocconf simulate`` ranks such a recording once instead)
+#: trace entries above which the Python replay engine does not replay a draft at every slider
+#: move (three of its replays of a million entries take seconds: ``%allocconf simulate`` ranks
+#: such a recording once instead). The compiled engine replays any recording the loader accepts,
+#: a draft of a million entries in less time than unpickling the file (docs/panel.md)
 LIMIT_EVENTS = 200_000
 
 #: what the panel and ``%allocconf set`` say while there is nothing to predict from
@@ -81,9 +84,10 @@ def predict_staged(session: Session) -> DraftPrediction | None:
     estimate = step.kind == "dryrun"
     blank = DraftPrediction(label, estimate, draft.to_string(), applied.to_string(),
                             other_step=step.other_hint)
-    if step.events > LIMIT_EVENTS:
+    if step.events > LIMIT_EVENTS and engine_name() == "python":
         return dataclasses.replace(blank, problem=(
-            f"{label} has {step.events:,} trace entries, too many to replay at every change; "
+            f"{label} has {step.events:,} trace entries, too many to replay at every change on the "
+            "Python replay engine (this install has no compiled one: see `allocconf check --env`); "
             "%allocconf simulate ranks settings on it once"))
     try:
         return session.trace_cache.memo(

@@ -21,10 +21,10 @@ import os
 import secrets
 import stat
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from allocconf_widget._errors import SnapshotError, printable
 from allocconf_widget.core.units import MIB
@@ -34,7 +34,8 @@ ITEMS_VARIABLE = "ALLOCCONF_MAX_SNAPSHOT_ITEMS"
 _CONTAINERS = (list, tuple, dict, set, frozenset)
 _CONTAINER_TYPES = frozenset(_CONTAINERS)
 #: values that hold nothing to walk (exact types: a subclass takes the general path)
-_SCALAR_TYPES = frozenset((int, float, str, bool, bytes, complex, type(None)))
+_SCALAR_TYPE_TUPLE: tuple[type, ...] = (int, float, str, bool, bytes, complex, type(None))
+_SCALAR_TYPES = frozenset(_SCALAR_TYPE_TUPLE)
 
 
 @dataclass(frozen=True)
@@ -132,8 +133,14 @@ def gunzip_bounded(data: bytes, what: str, limit_bytes: int) -> bytes:
     return b"".join(out)
 
 
-def check_structure(obj: object, what: str, limits: LoadLimits) -> None:
+def check_structure(obj: object, what: str, limits: LoadLimits,
+                    scalar_dicts: Callable[[list[Any], int, tuple[type, ...]], tuple[int, int]] | None = None,
+                    ) -> None:
     """Refuse ``obj`` if walking it would meet more than ``limits`` allow.
+
+    ``scalar_dicts(node, start, types)``, where given, applies the leaf rule below to a run of a
+    list's children at compiled speed (``core/memory/_entrycheck``): the lengths of the dicts of
+    scalars from ``start`` added up, and the index of the first other child.
 
     Raises:
         SnapshotError: nesting deeper than ``max_depth`` (a cycle counts as endless
@@ -156,7 +163,10 @@ def check_structure(obj: object, what: str, limits: LoadLimits) -> None:
         total = len(node)  # type: ignore[arg-type]
         pending = None
         leaves_fit = depth + 1 < limits.max_depth
-        for child in _children(node):
+        counted = [0]
+        children = (_unskipped(node, scalar_dicts, counted)
+                    if scalar_dicts is not None and leaves_fit and type(node) is list else _children(node))
+        for child in children:
             kind = type(child)
             if kind is dict and leaves_fit:
                 leaf = cast("dict[object, object]", child)
@@ -175,6 +185,7 @@ def check_structure(obj: object, what: str, limits: LoadLimits) -> None:
                         pending.append(child)
                 else:
                     total += size
+        total += counted[0]
         if pending and not revisit:
             stack.append((node, depth, True))
             stack.extend((child, depth + 1, False) for child in pending)
@@ -187,6 +198,19 @@ def check_structure(obj: object, what: str, limits: LoadLimits) -> None:
                 "parts are counted where they are used (a pickle bomb, or a trace far beyond "
                 f"any recorded one); if it is genuine, raise {ITEMS_VARIABLE} (docs/limits.md)")
         expanded[key] = total
+
+
+def _unskipped(node: list[Any], scalar_dicts: Callable[[list[Any], int, tuple[type, ...]], tuple[int, int]],
+               counted: list[int]) -> Iterator[object]:
+    """The children of ``node`` the leaf rule does not decide; the lengths of those it does are
+    added to ``counted[0]``."""
+    i, n = 0, len(node)
+    while i < n:
+        add, i = scalar_dicts(node, i, _SCALAR_TYPE_TUPLE)
+        counted[0] += add
+        if i < n:
+            yield node[i]
+            i += 1
 
 
 def _children(node: object) -> Iterable[object]:

@@ -223,6 +223,41 @@ def test_settings_tab_predicts_each_draft_from_the_recording(notebook_page, ui):
     assert nb.getenv(VAR) is None  # predicting applied nothing
 
 
+def test_settings_tab_predicts_each_draft_on_a_million_entry_recording(notebook_page, tmp_path):
+    """A recording of 1M trace entries (the benchmarks' generator: a training loop with frees that
+    wait on another stream): the compiled engine predicts every draft on it, as on a small one."""
+    import importlib.util
+    import pickle
+
+    from allocconf_widget.core.sim import native
+
+    if native.engine_name() != "native":
+        pytest.skip("the compiled replay engine is not built")
+    spec = importlib.util.spec_from_file_location("bench_simulator",
+                                                  ROOT / "benchmarks" / "bench_simulator.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    entries = bench.training_loop(1_000_000)
+    path = tmp_path / "million.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [entries]}, protocol=4))
+    recording = (
+        "from allocconf_widget.adapters.recorder import CellRecording\n"
+        "from allocconf_widget.app.session import get_session\n"
+        "from allocconf_widget.core.memory.snapshot import load_snapshot\n"
+        f"snapshot = dict(load_snapshot({str(path)!r}))\n"
+        "get_session(get_ipython()).set_recording(CellRecording(snapshot=snapshot, torch_version='2.11.0', "
+        "device_total=80 * 10**9, free_at_start=80 * 10**9 - 552402944))")
+    _, panel = _open_panel(notebook_page, "lab", recording)
+    shown = wait_for_text(panel, "allocconf-prediction", re.compile(r"with torch's defaults: peak reserved"),
+                          timeout=120)
+    assert "Prediction from the last %%allocconf record" in shown and "trace entries" not in shown
+    set_toggle(_row(panel, "expandable_segments"), "allocconf-set", True)
+    shown = wait_for_text(panel, "allocconf-prediction",
+                          re.compile(r"with expandable_segments:True: peak reserved [\d.]+ GiB"), timeout=60)
+    assert "Applied now, with torch's defaults: peak reserved" in shown
+
+
 _DRY_RUN_CELL = """%%allocconf dryrun --gpu h200
 import torch
 model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),

@@ -40,6 +40,10 @@ CASES = [
     (["fidelity.py", "--data", str(BENCH / "data" / "heldout"), "--workloads", "offload"],
      "slow:expandable"),
     (["unrecorded_ranges.py"], "unrecorded peaks inside their range"),
+    (["bench_engines.py", "--events", "20000", "--repeat", "1", "--recordings", "2"], "median ratio"),
+    (["bench_draft.py", "--events", "20000", "--repeat", "1"], "draft / pickle.loads"),
+    (["engine_digests.py", "--check", "both", "--archives", "/cnn.tar"],
+     "cnn.tar.xz: 98 replays so far, 0 differ"),
 ]
 
 

@@ -61,6 +61,17 @@ def test_check_json_both_ways():
     assert err["valid"] is False and err["option"] == "expandable_segments" and err["position"] == 20
 
 
+def test_check_env_names_the_replay_engine_in_use():
+    from allocconf_widget.core.sim import native
+
+    chosen = cli("check", "--env", "--torch-version", "2.11")
+    assert f"replay engine: {native.describe_engine()}" in chosen.stdout.splitlines()
+    forced = cli("check", "--env", "--json", env={**os.environ, native.ENGINE_VARIABLE: "python"})
+    doc = json.loads(forced.stdout)
+    assert doc["replay_engine"] == "python"
+    assert doc["replay_engine_detail"] == f"python ({native.ENGINE_VARIABLE}=python)"
+
+
 def test_check_env_reports_ignored_variable():
     out = cli("check", "--env", "--torch-version", "2.9",
               env={"PYTORCH_ALLOC_CONF": "expandable_segments:True"})

@@ -29,6 +29,10 @@ from typing import Any
 
 MiB = 1 << 20
 _BASE = 0x7F00_0000_0000
+#: distinct streams or pools a shape uses before it takes the first one again: within the
+#: decoder's limit of (pool, stream) pairs (``trace.decode.MAX_LANES``), so a shape of any size
+#: decodes; every cycle releases what it made, so a lane taken again starts empty
+LANES = 60_000
 
 Entry = dict[str, Any]
 
@@ -82,10 +86,11 @@ def expandable_holes(n: int) -> list[Entry]:
 
 
 def many_streams(n: int) -> list[Entry]:
-    """A new stream per cycle: its small segment, one block made and freed, then a release."""
+    """A new stream per cycle (the first again after :data:`LANES`): its small segment, one block
+    made and freed, then a release."""
     out: list[Entry] = []
     for i in range(max(1, n // 5)):
-        stream = 1000 + i
+        stream = 1000 + i % LANES
         seg = _BASE + i * 2 * MiB
         t = len(out)
         out += [
@@ -99,10 +104,11 @@ def many_streams(n: int) -> list[Entry]:
 
 
 def many_pools(n: int) -> list[Entry]:
-    """A new private pool per cycle (``pool_id`` on every entry), released at the cycle's end."""
+    """A new private pool per cycle (``pool_id`` on every entry; the first again after
+    :data:`LANES`), released at the cycle's end."""
     out: list[Entry] = []
     for i in range(max(1, n // 5)):
-        pool = [0, i + 1]
+        pool = [0, 1 + i % LANES]
         seg = _BASE + i * 32 * MiB
         t = len(out)
         out += [

@@ -151,16 +151,32 @@ def test_the_magic_prints_the_same_prediction(session, ip, capsys):
             f"{_replayed_peak(shell_session, 'max_split_size_mb:128')} of") in out
 
 
-def test_a_recording_too_long_for_a_slider_says_where_to_rank_it(session, panel, monkeypatch):
+def test_a_recording_too_long_for_the_python_engine_says_where_to_rank_it(session, panel, monkeypatch):
     from allocconf_widget.app import draft_prediction
+    from allocconf_widget.core.sim import native
 
+    recording = _recording()
+    monkeypatch.setattr(draft_prediction, "LIMIT_EVENTS", recording.events - 1)
+    with native.python_engine():
+        session.set_recording(recording)
+        shown = panel.prediction.value
+    assert f"has {recording.events:,} trace entries" in shown and "%allocconf simulate" in shown
+    assert "the last %%allocconf record has" in shown  # named as every other view names it
+    assert "Python replay engine" in shown and "allocconf check --env" in shown
+    assert "peak reserved" not in shown
+
+
+def test_the_compiled_engine_predicts_past_the_python_engines_limit(session, panel, monkeypatch):
+    from allocconf_widget.app import draft_prediction
+    from allocconf_widget.core.sim import native
+
+    if native.engine_name() != "native":
+        pytest.skip("the compiled replay engine is not built")
     recording = _recording()
     monkeypatch.setattr(draft_prediction, "LIMIT_EVENTS", recording.events - 1)
     session.set_recording(recording)
     shown = panel.prediction.value
-    assert f"has {recording.events:,} trace entries" in shown and "%allocconf simulate" in shown
-    assert "the last %%allocconf record has" in shown  # named as every other view names it
-    assert "peak reserved" not in shown
+    assert "with torch&#x27;s defaults: peak reserved" in shown and "trace entries" not in shown
 
 
 def _batch_finder(tmp_path: Path, usable: int) -> CellRecording:

@@ -42,25 +42,56 @@ def _generic(entry: object) -> str | None:
     return None
 
 
-def _inline(entry: object) -> str | None:
+def _inline(entry: object, compiled: bool = False) -> str | None:
+    """The verdict of ``_entries`` on its Python inline path, or on the compiled one."""
+    saved = sf._COMPILED
+    sf._COMPILED = sf._compiled_check() if compiled else None
     try:
-        sf._entries([entry], 0)
+        sf._entries([{"action": "alloc", "addr": 0, "size": 1}, entry, entry], 0)
     except SnapshotError as exc:
-        return str(exc)
+        return str(exc).replace("device_traces[0][1]", "device_traces[0][0]")
+    finally:
+        sf._COMPILED = saved
     return None
+
+
+def _paths() -> list[bool]:
+    return [False, True] if sf._compiled_check() is not None else [False]
 
 
 @settings(max_examples=3000, deadline=None)
 @given(ENTRY)
 def test_same_verdict_and_message_as_the_generic_checks(entry):
-    assert _inline(entry) == _generic(entry)
+    for compiled in _paths():
+        assert _inline(entry, compiled) == _generic(entry), f"compiled: {compiled}"
 
 
 @pytest.mark.parametrize("entry", [None, [], "alloc", 7, {"addr": True}, {"time_us": math.nan},
-                                   {"frames": ()}, {"size": I64}, {"stream": -I64 - 1}])
+                                   {"frames": ()}, {"size": I64}, {"stream": -I64 - 1},
+                                   {"action": "alloc", "addr": 0, "size": 0, "stream": U64 - 1},
+                                   {"action": "alloc", "addr": 0, "size": 0, "stream": U64},
+                                   {"action": "alloc", "addr": 0, "size": 0, "time_us": -I64},
+                                   {"action": "alloc", "addr": 0, "size": 0, "time_us": float(I64)},
+                                   {"action": "alloc", "addr": 0, "size": -1},
+                                   {"action": "alloc", "addr": -1, "size": 0},
+                                   {"action": "alloc", "addr": 0, "size": 0, "device_free": -1},
+                                   {"action": "alloc", "addr": 0, "size": True},
+                                   {"action": "alloc", "addr": I64, "size": 0},
+                                   {"action": "alloc", "addr": 0, "size": 0, "frames": ()},
+                                   {"action": "alloc", "addr": 0, "size": 0, "time_us": math.nan}])
 def test_edge_entries(entry):
-    assert _inline(entry) == _generic(entry)
-    assert _generic(entry) is not None  # {} too: an entry without action, size and addr
+    for compiled in _paths():
+        assert _inline(entry, compiled) == _generic(entry), f"compiled: {compiled}"
+    required = {"action", "addr", "size"} <= set(entry) if isinstance(entry, dict) else False
+    assert _generic(entry) is not None or required  # {} too: an entry without action, size and addr
+
+
+def test_the_compiled_path_is_built_where_ci_builds_it():
+    import os
+
+    if sf._compiled_check() is None and (os.environ.get("CI") == "true"
+                                         or os.environ.get("ALLOCCONF_REQUIRE_NATIVE") == "1"):
+        pytest.fail("core/memory/_entrycheck is not built: `pip install -e .` builds it")
 
 
 def test_a_plain_entry_passes():
@@ -98,11 +129,17 @@ def _reference(obj: object, limits: LoadLimits) -> bool:
 
 
 def _refused(obj: object, limits: LoadLimits) -> bool:
-    try:
-        check_structure(obj, "test", limits)
-    except SnapshotError:
-        return True
-    return False
+    """The verdict of the walk, the same with the compiled leaf rule as without."""
+    verdicts: list[str | None] = []
+    for scalar_dicts in {None, sf.compiled_scalar_dicts()}:
+        try:
+            check_structure(obj, "test", limits, scalar_dicts=scalar_dicts)
+        except SnapshotError as exc:
+            verdicts.append(str(exc))
+        else:
+            verdicts.append(None)
+    assert len(set(verdicts)) == 1, verdicts
+    return verdicts[0] is not None
 
 
 @settings(max_examples=2000, deadline=None)

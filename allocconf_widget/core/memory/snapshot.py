@@ -25,7 +25,7 @@ from typing import IO, Any, Generic, TypedDict, TypeVar, cast
 
 from allocconf_widget._errors import SnapshotError, printable
 from allocconf_widget.core.memory.gcpause import paused_gc
-from allocconf_widget.core.memory.snapshot_fields import check_fields, short_repr
+from allocconf_widget.core.memory.snapshot_fields import check_fields, compiled_scalar_dicts, short_repr
 from allocconf_widget.core.memory.unpickle_guard import load_checked
 from allocconf_widget.core.units import format_bytes
 from allocconf_widget.core.untrusted import (
@@ -442,7 +442,7 @@ def _load(source: str | os.PathLike[str] | bytes | IO[bytes], derive: Callable[[
                             "(a gzip-compressed .pickle.gz is read as it is)")
 
     def check(obj: object) -> None:
-        check_structure(obj, what, limits)
+        check_structure(obj, what, limits, scalar_dicts=compiled_scalar_dicts())
         check_fields(_as_snapshot(obj))
 
     def derive_with_head(obj: object) -> bytes:  # in the deriving child

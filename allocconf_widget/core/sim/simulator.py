@@ -24,12 +24,13 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from allocconf_widget.core.sim.capacity import replay_room
 from allocconf_widget.core.sim.engine import Engine
+from allocconf_widget.core.sim.native import engine_name, new_engine
 from allocconf_widget.core.sim.result import (
     Divergence,
     Fidelity,
@@ -107,7 +108,7 @@ def simulate(
             recording's longest wait (:mod:`.timing`) and attach the peak's range
             (:attr:`SimResult.peak_reserved_range`).
     """
-    engine = Engine(
+    engine = new_engine(
         trace,
         settings,
         device_total=device_total,
@@ -154,8 +155,8 @@ class TimingBound:
 def replay_bound(variant: Trace, settings: SimSettings, *, device_total: int | None,
                  non_pytorch_bytes: int, stop_at_oom: bool) -> TimingBound:
     """Replay one timing variant of a trace (no series, no segment events)."""
-    other = Engine(variant, settings, device_total=device_total, non_pytorch_bytes=non_pytorch_bytes,
-                   stop_at_oom=stop_at_oom).run(1)
+    other = new_engine(variant, settings, device_total=device_total, non_pytorch_bytes=non_pytorch_bytes,
+                       stop_at_oom=stop_at_oom).run(1)
     return TimingBound(other.peak_reserved_bytes, other.largest_segment_bytes,
                        other.oom is not None and not other.oom.recorded)
 
@@ -278,7 +279,9 @@ def simulate_many(
     The trace goes to each worker once (its columns are ``array`` objects, which
     pickle as raw bytes); each task then ships only a small :class:`SimSettings`.
     One configuration, ``workers=1``, or a platform that cannot start processes
-    runs in this process. Results come back in input order. ``check`` holds a
+    runs in this process. ``workers=None`` means a process per core, or where the compiled
+    engine replays a thread per core (its replays release the GIL). Results come back in input
+    order. ``check`` holds a
     :func:`simulate` ``check`` flag per configuration (for the recorded one).
     ``progress(done, total)`` is called after each configuration finishes, so a
     front end can show how far a slow comparison has got. ``timing`` holds a
@@ -305,6 +308,11 @@ def simulate_many(
     if len(ranges) != len(configs):
         raise ValueError("timing needs one flag per configuration")
     per_config = [{**base, "check": flag, "timing": t} for flag, t in zip(flags, ranges, strict=True)]
+    # the compiled engine replays a million entries in tens of milliseconds without holding the
+    # GIL: threads of this process share the trace (and what it built for the next call: its
+    # timing orders, its columns), where worker processes would each get a pickled copy and
+    # build them again. Asked for workers, the replays go to processes as always
+    threads = workers is None and engine_name() == "native"
     if workers is None:
         workers = os.cpu_count() or 1
     total = len(configs)
@@ -321,7 +329,7 @@ def simulate_many(
     # the twins' own twins first: a twin is decided (reused, or queued) as soon as its twin is in
     first = sorted((i for i in range(total) if i not in twins and i not in same),
                    key=lambda i: i not in bases)
-    with _Replays(trace, configs, per_config, workers) as replays:
+    with _Replays(trace, configs, per_config, workers, threads=threads) as replays:
         replays.submit(first)
         for i, result in replays.finished():
             results[i] = result
@@ -364,7 +372,8 @@ def _same_replays(configs: list[SimSettings], kwargs: list[dict[str, Any]]) -> d
 
 
 class _Replays:
-    """The replays of the settings asked for, on up to ``workers`` processes.
+    """The replays of the settings asked for, on up to ``workers`` processes (threads of this
+    process, with ``threads``: the compiled engine replays without holding the GIL).
 
     Each setting is one to three jobs (its point replay, and with frees that wait on other
     streams the early and late timings), each a task of its own, so two processes share out
@@ -374,11 +383,12 @@ class _Replays:
     """
 
     def __init__(self, trace: Trace, configs: list[SimSettings], kwargs: list[dict[str, Any]],
-                 workers: int) -> None:
+                 workers: int, *, threads: bool = False) -> None:
         self.trace, self.configs, self.kwargs = trace, configs, kwargs
         # never more processes than jobs there could be (every setting replayed)
         self.workers = min(workers, sum(len(self.jobs(i)) for i in range(len(configs))))
-        self.pool: ProcessPoolExecutor | None = None
+        self.threads = threads  # threads of this process instead of processes (compiled engine)
+        self.pool: ProcessPoolExecutor | ThreadPoolExecutor | None = None
         self.no_pool = self.workers <= 1  # one process asked for, or processes failed: run here
         self.futures: dict[Future[SimResult | TimingBound], Job] = {}
         self.local: list[Job] = []  # jobs to run in this process, in order
@@ -400,7 +410,8 @@ class _Replays:
         line (seen once in CI, Python 3.11; the check-then-write is unlocked up to 3.13)."""
         if self.pool is None:
             return
-        if exc_type is None:
+        if exc_type is None or isinstance(self.pool, ThreadPoolExecutor):
+            # a thread's replay in hand ends within a fraction of a second; the queued never start
             self.pool.shutdown(wait=True, cancel_futures=True)
             return
         manager: threading.Thread | None = getattr(self.pool, "_executor_manager_thread", None)
@@ -421,14 +432,18 @@ class _Replays:
             jobs += mine
         if self.pool is None and not self.no_pool:
             try:
-                self.pool = ProcessPoolExecutor(max_workers=self.workers, initializer=_init_worker,
-                                                initargs=(self.trace,))
+                self.pool = (ThreadPoolExecutor(max_workers=self.workers) if self.threads else
+                             ProcessPoolExecutor(max_workers=self.workers, initializer=_init_worker,
+                                                 initargs=(self.trace,)))
             except (OSError, NotImplementedError):
                 self.no_pool = True  # e.g. a sandbox without process support
         while jobs and self.pool is not None:
             i, order = jobs[0]
             try:
-                future = self.pool.submit(_job_in_worker, self.configs[i], self.kwargs[i], order)
+                if isinstance(self.pool, ThreadPoolExecutor):
+                    future = self.pool.submit(_run_job, self.trace, self.configs[i], self.kwargs[i], order)
+                else:
+                    future = self.pool.submit(_job_in_worker, self.configs[i], self.kwargs[i], order)
             except (OSError, BrokenProcessPool, RuntimeError):
                 self._give_up_pool()
                 break

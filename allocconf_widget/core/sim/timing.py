@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 from array import array
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from allocconf_widget.core.sim.trace.codes import OP_ALLOC, OP_FREE, OP_FREE_COMPLETED, OP_FREE_REQUESTED
 from allocconf_widget.core.sim.trace.rows import rows_with
@@ -170,6 +170,17 @@ def _own_ids_after_reuse(trace: Trace, watched: set[int]) -> Trace:
     and rows before an address's first allocation (a block of the start state), stay.
     """
     ops, aids = trace.ops, trace.addr_ids
+    compiled = _compiled()
+    if compiled is not None and ops.typecode == "b" and aids.typecode == "q":
+        flags = bytearray(trace.num_addresses)
+        for aid in watched:
+            flags[aid] = 1
+        raw, ids = compiled.own_ids(ops.tobytes(), aids.tobytes(), bytes(flags), trace.num_addresses)
+        if ids == trace.num_addresses:
+            return trace
+        out = array("q")
+        out.frombytes(raw)
+        return dataclasses.replace(trace, addr_ids=out, num_addresses=ids)
     new_ids = array(aids.typecode, aids)
     current: dict[int, int] = {}
     requested: dict[int, int] = {}  # address id -> the id its pending request used
@@ -202,6 +213,14 @@ def _rebuild(trace: Trace, moves: Sequence[tuple[int, int | None]], *, early: bo
     Built from slices of the columns, so the cost is in the moved rows, not the trace."""
     columns = (trace.ops, trace.addr_ids, trace.sizes, trace.lanes, trace.op_index, trace.op_time_us)
     out = [array(c.typecode) for c in columns]
+    compiled = _compiled()
+    if compiled is not None and tuple(c.typecode for c in columns) == _RAW:
+        raw = compiled.reorder(tuple(c.tobytes() for c in columns), tuple(c.itemsize for c in columns),
+                               [(j, -1 if p is None else p) for j, p in moves], early)
+        for col, data in zip(out, raw, strict=True):
+            col.frombytes(data)
+        return dataclasses.replace(trace, ops=out[0], addr_ids=out[1], sizes=out[2], lanes=out[3],
+                                   op_index=out[4], op_time_us=out[5])
     removed = {j for j, _ in moves}
     inserts: dict[int, list[int]] = {}
     for j, p in moves:
@@ -226,3 +245,13 @@ def _rebuild(trace: Trace, moves: Sequence[tuple[int, int | None]], *, early: bo
 
 
 _REQUEST_TO_FREE = bytes(OP_FREE if b == OP_FREE_REQUESTED else b for b in range(256))
+#: the columns' types the compiled module reorders (the decoder's)
+_RAW = ("b", "q", "q", "q", "q", "q")
+
+
+def _compiled() -> Any:
+    """The compiled module, where replays use it: it builds the orders from the raw columns, the
+    same arrays as the Python code here (``tests/unit/test_native_engine.py``)."""
+    from allocconf_widget.core.sim.native import compiled
+
+    return compiled()

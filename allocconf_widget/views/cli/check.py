@@ -92,13 +92,16 @@ def _fail(args: argparse.Namespace, exc: AllocConfError) -> int:
 
 
 def _check_env(args: argparse.Namespace, report: Any) -> int:
+    from allocconf_widget.core.sim.native import describe_engine, engine_name
+
     problems = [{"code": p.code, "variable": p.variable, "message": p.message}
                 for p in report.problems]
     if args.json:
         print(json.dumps(_valid_unicode({
             "torch_version": str(report.version), "set": report.set_vars,
             "generic_from": report.generic_from, "device_from": report.device_from,
-            "problems": problems,
+            "problems": problems, "replay_engine": engine_name(),
+            "replay_engine_detail": describe_engine(),
             "related": [{"name": var.name, "value": value,
                          "meaning": var.describe(value, report.version)}
                         for var, value in report.related]})))
@@ -109,6 +112,7 @@ def _check_env(args: argparse.Namespace, report: Any) -> int:
             print(f"{name}={value!r}")
         for line in report.related_lines():
             print(line)
+        print(f"replay engine: {describe_engine()}")
         for problem in report.problems:
             print(f"problem: {problem}", file=sys.stderr)
     return 2 if any(p.code == "invalid" for p in report.problems) else 0

@@ -40,6 +40,14 @@ from allocconf_widget.core.sim.trace.model import RecordedOom, Trace
 #: a crafted file with a new stream per entry would need gigabytes per setting.
 MAX_LANES = 65_536
 _SEG_CODES = {name: code for code, name in enumerate(SEG_NAMES)}
+
+
+def _compiled() -> Any:
+    """The compiled module where replays use it (``core/sim/native.compiled``): its loop over the
+    common entries gives the rows and dicts this module's loop gives."""
+    from allocconf_widget.core.sim.native import compiled
+
+    return compiled()
 _RELEASES = frozenset(("segment_free", "segment_unmap"))
 _BURST_FILLER = frozenset(("segment_free", "segment_unmap", "free_completed"))
 _EXPLAINS_RELEASE = frozenset(("segment_alloc", "segment_map", "oom"))
@@ -220,6 +228,22 @@ class _Decoder:
 
         return emit
 
+    def _common_rows(self, idx: int) -> int:
+        """Decode the run of common entries from ``idx`` in the compiled module (an alloc or a free
+        of an int address on a stream with its lane already, no pool field: nearly every entry),
+        with the effects the loop in :meth:`run` has; returns the index of the first entry it left
+        to that loop. Only while no completion is held and no private pool was read off the run."""
+        compiled = _compiled()
+        if compiled is None or self.held or self.attributed or type(self.entries) is not list:
+            return idx
+        nxt, deferred, *cols = compiled.decode_common(self.entries, idx, self.addr_ids, self.live,
+                                                      self.counts, self.default_lanes)
+        self.deferred += deferred
+        for column, raw in zip((self.ops, self.aids, self.sizes, self.lanes, self.index, self.times), cols,
+                               strict=True):
+            column.frombytes(raw)
+        return int(nxt)
+
     def run(self, start: int = 0) -> None:
         self._seed()
         entries = self.entries
@@ -228,10 +252,15 @@ class _Decoder:
         counts = self.counts
         emit = self._emit
         skip_next = False
-        for idx in range(start, n):
+        idx = start - 1
+        while idx + 1 < n:
+            idx += 1
             if skip_next:
                 skip_next = False
                 continue
+            idx = self._common_rows(idx)
+            if idx >= n:
+                break
             e = entries[idx]
             if type(e) is not dict and not isinstance(e, Mapping):
                 raise SnapshotError(

@@ -152,6 +152,7 @@ class Trace:
         """Pickle without the cached lists (workers rebuild them from the arrays)."""
         state = dict(self.__dict__)
         state.pop("_columns", None)
+        state.pop("_native", None)
         state.pop("_timing", None)
         state.pop("_limited", None)
         return state
@@ -213,12 +214,16 @@ class Trace:
                    and all(block.state == FREE for block in seg.blocks))
 
     def recorded_reserved_peak(self) -> int:
-        """Peak of reserved memory implied by the recorded segment events (from the start state)."""
-        reserved = peak = self.initial_reserved_bytes
-        for kind, size in zip(self.seg_kinds, self.seg_sizes, strict=True):
-            reserved += size if kind in (SEG_ALLOC, SEG_MAP) else -size
-            peak = max(peak, reserved)
-        return peak
+        """Peak of reserved memory implied by the recorded segment events (from the start state);
+        worked out once per trace (every replay asks)."""
+        cached: int | None = self.__dict__.get("_recorded_peak")
+        if cached is None:
+            reserved = cached = self.initial_reserved_bytes
+            for kind, size in zip(self.seg_kinds, self.seg_sizes, strict=True):
+                reserved += size if kind in (SEG_ALLOC, SEG_MAP) else -size
+                cached = max(cached, reserved)
+            object.__setattr__(self, "_recorded_peak", cached)
+        return cached
 
     def releases_a_limit_decides(self, up_to: int | None = None) -> int:
         """Release bursts right before a new segment that only the run's memory limit tells
