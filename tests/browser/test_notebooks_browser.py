@@ -62,7 +62,8 @@ def _dry_run_cells_show_their_answers(nb) -> None:
     wait_until(lambda: "batch 512" in "\n".join(nb.notebook.locator(".jp-OutputArea").all_inner_texts()),
                timeout=30, what="the planner's answer on the page")
     texts = "\n".join(nb.notebook.locator(".jp-OutputArea").all_inner_texts())
-    assert "A dry run (estimate) for Tesla T4" in texts and "CUDA was not started" in texts
+    assert "A dry run (estimate), by the CPU stand-in (a coarser estimate), for Tesla T4" in texts
+    assert "CUDA was not started" in texts
     assert "largest predicted to fit with (torch defaults): batch 512" in texts
     assert "a dry run (estimate) of your step on Tesla T4" in texts
     assert "\x1b[K" not in texts and "[K" not in texts  # the CLI's progress line is not left behind
