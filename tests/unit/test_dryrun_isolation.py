@@ -296,3 +296,33 @@ def test_without_an_interrupt_the_step_runs_to_its_end_and_is_recorded(standin):
     assert actions.count("segment_free") == 1  # empty_cache(), in the trace
     assert run.trace.fraction_changes and run.trace.fraction_changes[0]["fraction"] == 0.5
     assert torch.cuda.is_initialized() is False
+
+
+@pytest.mark.parametrize("standin", [True, False])
+def test_a_ctrl_c_inside_an_ops_dispatch_stops_the_step_and_the_process_lives(standin):
+    """torch's C++ calls back into Python while an op runs (``__torch_dispatch__``); an
+    exception raised there can end the process. A Ctrl-C landing there stops the step once the
+    op returns instead, and everything is as before."""
+    import allocconf_widget
+
+    landed: list[str] = []
+
+    def interrupt_in_dispatch(frame: Any, _event: str, _arg: Any) -> None:
+        if not landed and frame.f_code.co_name == "__torch_dispatch__":
+            landed.append(frame.f_code.co_filename)
+            signal.raise_signal(signal.SIGINT)
+
+    world = World()
+    before = fingerprint(world)
+    finished = False
+    previous = sys.gettrace()
+    with pytest.raises(KeyboardInterrupt), allocconf_widget.dry_run("t4", standin=standin, progress=False):
+        sys.settrace(interrupt_in_dispatch)
+        try:
+            step(world, standin=standin)
+            finished = True
+        finally:
+            sys.settrace(previous)
+    assert landed and not finished
+    assert_same(before, fingerprint(world))
+    torch_still_works()

@@ -13,8 +13,9 @@ exit. Together they cover what a step can change outside its fake tensors (docs/
   (in-place ops on real tensors never run: the recorder hands them the tensor's fake);
 * the machinery fake CUDA tensors need (:class:`GpuContextInitBlocked`,
   :class:`FakeParameterSwaps`, :class:`FakeForeachDefault`);
-* and Ctrl-C, held back while the dry run patches and unpatches (:class:`SignalsHeld`), so an
-  interrupt never leaves torch half patched.
+* and Ctrl-C, held back while the dry run patches and unpatches, and while torch's C++ runs one
+  of the step's ops (:class:`SignalsHeld`), so an interrupt never leaves torch half patched nor
+  ends the process.
 """
 
 from __future__ import annotations
@@ -31,30 +32,72 @@ from typing import Any
 
 from allocconf_widget.adapters.dryrun.tensors import is_fake_tensor
 
+#: torch's Python code that its C++ calls back while an op runs: an exception raised there can
+#: end the process (``std::terminate``), so a Ctrl-C landing in it waits for a safe point
+_DISPATCH_FILES = ("/torch/_subclasses/", "/torch/utils/_python_dispatch.py", "/torch/_ops.py",
+                   "/torch/_prims", "/torch/_decomp/", "/torch/_refs/")
+
+
+def inside_dispatch(frame: FrameType | None) -> bool:
+    """Whether ``frame`` runs inside an op's dispatch callback (a ``__torch_dispatch__``, fake
+    tensor or decomposition code that torch's C++ called)."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "__torch_dispatch__" or any(part in code.co_filename for part in _DISPATCH_FILES):
+            return True
+        frame = frame.f_back
+    return False
+
 
 class SignalsHeld:
-    """Hold Ctrl-C (SIGINT) back while entered, then deliver it once the dry run is consistent.
+    """Where a Ctrl-C (SIGINT) may land while a dry run is entered.
+
+    While :attr:`holding` (the dry run patches or unpatches torch) every Ctrl-C is held back, so
+    torch is never left half patched. Otherwise (the user's step runs) it stops the step at once,
+    unless torch's C++ is running an op of the step (:meth:`op_starts` .. :meth:`op_ends`) or one
+    of its dispatch callbacks (:func:`inside_dispatch`): an exception raised in Python code that
+    C++ called back can end the process, so there the Ctrl-C waits for the op's end.
 
     Only the main thread receives signals; elsewhere this does nothing. :meth:`release` puts the
-    previous handler back and, if a Ctrl-C came in the meantime, raises the signal again so that
+    previous handler back and, if a Ctrl-C is still held, raises the signal again so that
     handler (Python's: ``KeyboardInterrupt``) sees it now."""
 
     def __init__(self) -> None:
         self.pending = False
+        self.holding = True
+        self._depth = 0  # ops of the main thread under way
+        self._main = threading.main_thread().ident
         self._previous: Any = None
         self._active = False
 
     def __enter__(self) -> SignalsHeld:
-        if threading.current_thread() is threading.main_thread():
+        if threading.get_ident() == self._main:
             try:
-                self._previous = signal.signal(signal.SIGINT, self._hold)
+                self._previous = signal.signal(signal.SIGINT, self._interrupted)
                 self._active = True
             except (ValueError, OSError):  # an embedded interpreter that owns the handler
                 self._active = False
         return self
 
-    def _hold(self, _signum: int, _frame: FrameType | None) -> None:
-        self.pending = True
+    def _interrupted(self, _signum: int, frame: FrameType | None) -> None:
+        if self.holding or self._depth or inside_dispatch(frame):
+            self.pending = True
+            return
+        raise KeyboardInterrupt
+
+    def op_starts(self) -> None:
+        """The step calls one of torch's ops (on this thread)."""
+        if threading.get_ident() == self._main:
+            self._depth += 1
+
+    def op_ends(self) -> None:
+        """That op returned or raised: a Ctrl-C held meanwhile is delivered now."""
+        if threading.get_ident() == self._main:
+            self._depth -= 1
+            ready = not self._depth and not self.holding
+            if self.pending and ready and not inside_dispatch(sys._getframe(1)):
+                self.pending = False
+                raise KeyboardInterrupt
 
     def release(self) -> None:
         """Restore the previous handler and deliver a held Ctrl-C to it."""

@@ -76,6 +76,7 @@ class DryRun:
         self._progress = progress
         self._rules: Rules | None = None
         self._stack: contextlib.ExitStack | None = None
+        self._signals: isolation.SignalsHeld | None = None
         self._log = Log(frames=frames)
         self._notes = NoteList()
         self._torch: ModuleType | None = None
@@ -96,19 +97,19 @@ class DryRun:
             raise DryRunError(f"a dry run needs torch 2.{MIN_TORCH_MINOR} or newer (fake CUDA tensors; "
                               f"verified on 2.11 and 2.13); this is {torch.__version__}")
         self._torch = torch
-        held = isolation.SignalsHeld().__enter__()
+        signals = self._signals = isolation.SignalsHeld().__enter__()
         try:
             self._stack = self._enter_all(torch)
         except BaseException:
-            held.release()
+            signals.release()
             raise
-        if held.pending:  # a Ctrl-C came while torch was being patched: undo it all, then stop
+        if signals.pending:  # a Ctrl-C came while torch was being patched: undo it all, then stop
             self._stack.close()
             self._stack = None
-        held.release()
-        if self._stack is None:
+            signals.release()
             raise KeyboardInterrupt
         self._start = time.perf_counter()
+        signals.holding = False  # the step runs: a Ctrl-C stops it (at a safe point)
         return self
 
     def _enter_all(self, torch: ModuleType) -> contextlib.ExitStack:
@@ -189,7 +190,7 @@ class DryRun:
         if refuse is not None:  # that build aborts in autocast's weight cache on fake CUDA tensors
             torch.set_autocast_cache_enabled(False)
         stack.enter_context(values_class(torch, recording, notes, attributes, refuse_autograd=refuse,
-                                         attention=attention, standin=standin)())
+                                         attention=attention, standin=standin, signals=self._signals)())
 
     # ------------------------------------------------------------ leaving
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
@@ -199,7 +200,10 @@ class DryRun:
         torch = self._torch
         assert torch is not None
         seconds = time.perf_counter() - self._start
-        with isolation.SignalsHeld():  # a Ctrl-C now is delivered once everything is back
+        signals, self._signals = self._signals, None
+        assert signals is not None
+        signals.holding = True  # a Ctrl-C now is delivered once everything is back
+        try:
             if isinstance(exc, KeyboardInterrupt) and tb is not None:
                 # a Ctrl-C landing as one of torch's context managers had entered but before its
                 # ``with`` took hold leaves that generator suspended, its dispatch guards on, and
@@ -218,6 +222,8 @@ class DryRun:
                 conf_text=self._conf, notes=tuple(self._notes.items + rule_notes(self._rules)),
                 cuda_was_initialized=self._was_initialized, standin=self.standin,
                 fraction_changes=tuple(log.fraction_changes), cudnn_preferred=self._cudnn_preferred)
+        finally:
+            signals.release()
         foreign = self._answers.foreign if self._answers is not None else []
         if isinstance(exc, DryRunError):
             raise type(exc)(str(exc)) from None  # one line: not the torch frames it passed through

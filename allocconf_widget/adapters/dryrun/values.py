@@ -24,7 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from allocconf_widget._errors import DryRunError
-from allocconf_widget.adapters.dryrun.isolation import RealTensorAttributes
+from allocconf_widget.adapters.dryrun.isolation import RealTensorAttributes, SignalsHeld
 from allocconf_widget.adapters.dryrun.log import caller_line
 from allocconf_widget.adapters.dryrun.ports import Notes
 from allocconf_widget.adapters.dryrun.recorder import Recording
@@ -53,7 +53,7 @@ _NO_AUTOGRAD = frozenset((
 
 def values_class(torch: ModuleType, recording: Recording, notes: Notes, attributes: RealTensorAttributes,
                  *, refuse_autograd: str | None, attention: Callable[..., Any] | None,
-                 standin: Any = None) -> type:
+                 standin: Any = None, signals: SignalsHeld | None = None) -> type:
     """The function mode class for one dry run. ``refuse_autograd``: the message an op that
     would record gradients on a fake CUDA tensor stops with (a CPU-only build), or None."""
     base = function_mode_base(torch)
@@ -87,7 +87,16 @@ def values_class(torch: ModuleType, recording: Recording, notes: Notes, attribut
             return PLACEHOLDER
 
     class Values(base):  # type: ignore[misc, valid-type]
-        def __torch_function__(self, func: Any, _types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if signals is None:
+                return self._call(func, types, args, kwargs)
+            signals.op_starts()  # a Ctrl-C while torch's C++ runs the op waits for its end
+            try:
+                return self._call(func, types, args, kwargs)
+            finally:
+                signals.op_ends()
+
+        def _call(self, func: Any, _types: Any, args: Any, kwargs: Any) -> Any:
             kwargs = kwargs or {}
             first = args[0] if args else None
             if isinstance(first, torch.Tensor):
