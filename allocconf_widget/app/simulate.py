@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from allocconf_widget._errors import AllocConfError
 from allocconf_widget.core.sim.notes import Note, NoteKind, unique
 from allocconf_widget.core.sim.outcome import Outcome, outcome_of
-from allocconf_widget.core.versions import TorchVersion, simulated_release
+from allocconf_widget.core.versions import TorchVersion
 
 if TYPE_CHECKING:
     from allocconf_widget.app.sources import TraceSource
@@ -320,7 +320,7 @@ def settings_for(conf: AllocConf, version: TorchVersion) -> SimSettings:
     """
     from allocconf_widget.core.sim.settings import SimSettings
 
-    if simulated_release(conf.torch_version) != version:
+    if conf.torch_version.key != version.key:  # e.g. parsed for a kernel's 1.13, replayed as 2.11
         conf = conf.for_release(version)
     settings = SimSettings.from_conf(conf, label=conf.to_string())
     return dataclasses.replace(settings, torch_version=version)

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from tests.torch_versions import needs_torch
+
 pytest.importorskip("torch")
 
 
 @pytest.mark.kernel
+@needs_torch((2, 4), "the dry run (fake CUDA tensors)")
 def test_in_a_real_kernel_the_refusal_is_one_line_without_the_kernels_temporary_file(kernel):
     kernel.execute("%load_ext allocconf_widget\nimport torch, allocconf_widget").check()
     result = kernel.execute('with allocconf_widget.dry_run("t4", standin=False, progress=False):\n'

@@ -25,6 +25,7 @@ from tests.torch_versions import (
     READ_VAR,
     TORCH,
     TORCH_TEXT,
+    has_torch,
     needs_torch,
     offered,
 )
@@ -648,6 +649,6 @@ def test_a_pasted_blog_string_gets_the_same_message_as_allocconf_check(ip, capsy
     from allocconf_widget.app.session import get_session
 
     assert get_session(ip).staged().to_string() == ""  # nothing staged
-    # a ',' inside brackets is part of one value: a band list after '=' is still one option
-    staged, _ = magic(ip, "set roundup_power2_divisions=[256:1,512:2,>:8]", capsys)
-    assert staged.to_string().startswith("roundup_power2_divisions:[256:1,512:2,>:8]")
+    if has_torch((2, 0)):  # a ',' inside brackets is part of one value (list form: 2.0+)
+        staged, _ = magic(ip, "set roundup_power2_divisions=[256:1,512:2,>:8]", capsys)
+        assert staged.to_string().startswith("roundup_power2_divisions:[256:1,512:2,>:8]")
