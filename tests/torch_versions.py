@@ -59,6 +59,10 @@ def needs_torch(version: tuple[int, int], what: str) -> pytest.MarkDecorator:
     )
 
 
+#: ``standin=False``: torch's fake mode moves a tensor to a fake GPU without the CUDA runtime from 2.10
+needs_fake_cuda = needs_torch((2, 10), "fake CUDA tensors that leave CUDA unstarted")
+
+
 def cuda_build() -> bool:
     """Whether the installed torch is a CUDA build (read from its version.py, not imported)."""
     spec = importlib.util.find_spec("torch")

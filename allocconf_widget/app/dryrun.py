@@ -268,7 +268,7 @@ class DryRunContext:
     def __enter__(self) -> DryRunContext:
         from allocconf_widget.adapters.dryrun.run import DryRun
 
-        standin = self._standin if self._standin is not None else no_gpu_here()
+        standin = self._standin if self._standin is not None else standin_here()
         self._run = DryRun(self.gpu, rules=self._rules, standin=standin, progress=self._progress)
         self._run.__enter__()
         return self
@@ -306,11 +306,12 @@ def dry_run(gpu: str | GpuProfile | None = None, *, rules: bool = True, standin:
     return DryRunContext(gpu, rules=rules, standin=standin, progress=progress)
 
 
-def no_gpu_here() -> bool:
-    """This runtime has no GPU a fake CUDA backward could use (a CPU-only torch, or none visible)."""
-    from allocconf_widget.adapters.dryrun.run import gpu_visible
+def standin_here() -> bool:
+    """The dry run takes the CPU stand-in here: no GPU a fake CUDA backward could use (a CPU-only
+    torch, or none visible), or a torch whose fake CUDA tensors would start CUDA."""
+    from allocconf_widget.adapters.dryrun.run import standin_needed
 
-    return not gpu_visible()
+    return standin_needed()
 
 
 # ---------------------------------------------------------------- one prediction (a slider)

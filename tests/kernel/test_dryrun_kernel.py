@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from tests.torch_versions import needs_torch
+from tests.torch_versions import cuda_build, needs_torch
 
 pytest.importorskip("torch")
 
 
 @pytest.mark.kernel
-@needs_torch((2, 4), "the dry run (fake CUDA tensors)")
+@needs_torch((2, 10), "fake CUDA tensors that leave CUDA unstarted")
+@pytest.mark.skipif(cuda_build(), reason="a CUDA build runs this step on fake CUDA tensors without a GPU; "
+                                         "only a CPU-only build refuses it")
 def test_in_a_real_kernel_the_refusal_is_one_line_without_the_kernels_temporary_file(kernel):
     kernel.execute("%load_ext allocconf_widget\nimport torch, allocconf_widget").check()
     result = kernel.execute('with allocconf_widget.dry_run("t4", standin=False, progress=False):\n'

@@ -23,7 +23,7 @@ from tests.dryrun_calls import call
 from tests.torch_versions import needs_torch
 
 torch = pytest.importorskip("torch")
-pytestmark = needs_torch((2, 6), "the dry run's fake CUDA tensors (verified on 2.11 and 2.13)")
+pytestmark = needs_torch((2, 4), "the dry run")
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "dryrun.md"
 BEGIN, END = "<!-- entry points: begin -->", "<!-- entry points: end -->"
@@ -106,6 +106,7 @@ def test_each_refused_row_stops_with_one_line_naming_the_call_and_the_line(row, 
     assert torch.cuda.is_initialized() is False
 
 
+@needs_torch((2, 6), "torch.accelerator")
 def test_the_answers_come_from_the_profile_and_the_recording():
     import allocconf_widget
 

@@ -14,10 +14,10 @@ import pytest
 
 from allocconf_widget.core.dryrun.facts import STANDIN_LABEL
 from allocconf_widget.core.units import MIB
-from tests.torch_versions import cuda_build, needs_torch
+from tests.torch_versions import cuda_build, has_torch, needs_fake_cuda, needs_torch
 
 torch = pytest.importorskip("torch")
-pytestmark = [needs_torch((2, 6), "the dry run's fake CUDA tensors (verified on 2.11 and 2.13)"),
+pytestmark = [needs_torch((2, 4), "the dry run"),
               pytest.mark.skipif(cuda_build() and torch.cuda.is_available(), reason="a GPU is visible")]
 nn = torch.nn
 F = torch.nn.functional
@@ -70,6 +70,32 @@ def test_a_training_step_dry_runs_without_a_gpu_labelled_a_coarser_estimate():
     assert torch.cuda.is_initialized() is False
 
 
+@pytest.mark.skipif(has_torch((2, 10)), reason="torch 2.10+ moves tensors to a fake GPU without CUDA")
+def test_before_torch_2_10_a_training_step_runs_on_the_standin_and_fake_cuda_is_refused():
+    """On 2.4-2.9 every training step stopped at its first matmul ("found two different devices
+    cpu, meta": ``Module.to()`` set a parameter's ``.data`` to its fake copy), and fake CUDA
+    tensors call the CUDA runtime there (a driverless machine stops; a GPU's would start CUDA)."""
+    from allocconf_widget._errors import DryRunError
+
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+    weights = sum(p.numel() for p in model.parameters()) * 4
+
+    def step() -> None:
+        moved = model.to("cuda")
+        moved(torch.randn(8, 64, device="cuda")).square().mean().backward()
+        torch.optim.AdamW(moved.parameters()).step()
+
+    run = _dry(step)
+    assert run.trace.standin and run.trace.peak_requested >= 4 * weights  # weights, grads, 2 moments
+    assert all(p.device.type == "cpu" and p.grad is None for p in model.parameters())  # the user's model
+    refused = r"fake CUDA tensors need torch 2\.10 or newer.*leave out standin=False"
+    with pytest.raises(DryRunError, match=refused):
+        _dry(step, standin=False)
+    assert float(model(torch.ones(1, 64)).sum()) == float(model(torch.ones(1, 64)).sum())  # torch usable
+    assert torch.cuda.is_initialized() is False
+
+
+@needs_fake_cuda
 def test_the_standin_records_what_fake_cuda_records_where_both_can_run():
     """Inference (which this build can run on fake CUDA tensors too): the same allocations, in the
     same order, for a bf16-autocast transformer (CUDA's cast policy, the profile's attention)."""
@@ -123,6 +149,7 @@ def test_tensors_the_code_keeps_on_the_cpu_are_not_counted_and_gpu_ones_say_cuda
     assert seen == {"device": "cuda", "is_cuda": True, "made": "cuda", "back": "cpu"}
 
 
+@needs_torch((2, 6), "cuDNN attention in SDPA")
 def test_attention_and_workspaces_come_from_the_profile():
     """A T4 has no flash or cuDNN attention and no native bf16: SDPA falls back to the math kernel,
     which materialises the attention matrix; an H100 runs cuDNN attention."""
@@ -134,6 +161,7 @@ def test_attention_and_workspaces_come_from_the_profile():
     assert any("cuDNN attention" in n for n in h100.all_notes())
 
 
+@needs_fake_cuda
 def test_a_cnn_with_convolution_workspaces_matches_fake_cuda():
     def step() -> None:
         model = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3), nn.ReLU(),

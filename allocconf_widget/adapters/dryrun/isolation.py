@@ -423,9 +423,19 @@ class UserObjectsRestored:
         original_apply = self._saved_apply = module_cls._apply
         original_swap = self._saved_swap = getattr(utils, "swap_tensors", None)
 
+        future = torch.__future__
+
         def _apply(module: Any, *args: Any, **kwargs: Any) -> Any:
             before = dict(module._parameters)
-            result = original_apply(module, *args, **kwargs)
+            # A moved parameter is a new Parameter of the fake tensor, as torch 2.10 and later do
+            # for fake tensors: before that, ``param.data = fake`` left a parameter of meta
+            # storage that no op of the step could mix with the fake inputs.
+            overwrite = future.get_overwrite_module_params_on_conversion()
+            future.set_overwrite_module_params_on_conversion(True)
+            try:
+                result = original_apply(module, *args, **kwargs)
+            finally:
+                future.set_overwrite_module_params_on_conversion(overwrite)
             for key, old in before.items():
                 new = module._parameters.get(key)
                 if old is not None and new is not None and new is not old:

@@ -33,6 +33,10 @@ from allocconf_widget.core.dryrun.profiles import GpuProfile
 
 #: the oldest torch 2.x the dry run accepts (older fake-tensor modes lack what it uses)
 MIN_TORCH_MINOR = 4
+#: the oldest torch whose fake mode moves a tensor to a fake GPU without the CUDA runtime;
+#: older releases call it (a driverless machine fails there, a GPU's would start CUDA), so
+#: they dry-run on the CPU stand-in, which never names a CUDA device to torch
+FAKE_CUDA_MIN = (2, 10)
 
 
 @dataclass(frozen=True)
@@ -93,9 +97,15 @@ class DryRun:
 
         from allocconf_widget.core.versions import parse_version
 
-        if parse_version(str(torch.__version__)) < (2, MIN_TORCH_MINOR):
-            raise DryRunError(f"a dry run needs torch 2.{MIN_TORCH_MINOR} or newer (fake CUDA tensors; "
-                              f"verified on 2.11 and 2.13); this is {torch.__version__}")
+        release = parse_version(str(torch.__version__))
+        if release < (2, MIN_TORCH_MINOR):
+            raise DryRunError(f"a dry run needs torch 2.{MIN_TORCH_MINOR} or newer (fake tensors; "
+                              f"verified on 2.4, 2.6, 2.9, 2.10, 2.11 and 2.13); this is {torch.__version__}")
+        if not self.standin and release < FAKE_CUDA_MIN:
+            raise DryRunError(f"fake CUDA tensors need torch {FAKE_CUDA_MIN[0]}.{FAKE_CUDA_MIN[1]} or newer: "
+                              f"torch {torch.__version__} calls the CUDA runtime to move a tensor to a fake "
+                              "GPU, which would start CUDA. Fix: leave out standin=False (the CPU stand-in "
+                              "runs this torch)")
         self._torch = torch
         signals = self._signals = isolation.SignalsHeld().__enter__()
         try:
@@ -118,7 +128,9 @@ class DryRun:
         cpu_only = not _cuda_built(torch)
         notes = self._notes
         if self.standin:
-            notes.add(f"a CPU stand-in (coarser estimate): no GPU here, so the step ran on fake CPU tensors "
+            why = ("no GPU here" if not gpu_visible() else
+                   f"torch {torch.__version__} has no fake CUDA tensors that leave CUDA unstarted")
+            notes.add(f"a CPU stand-in (coarser estimate): {why}, so the step ran on fake CPU tensors "
                       f"counted as the CUDA memory they stand for, autocast(\"cuda\") applied with CUDA's "
                       f"rules, attention and workspaces from the {self.profile.name} profile")
         elif cpu_only:
@@ -307,6 +319,16 @@ def _raised_in_torch(torch: ModuleType, tb: TracebackType | None) -> bool:
         last = tb.tb_frame.f_code.co_filename
         tb = tb.tb_next
     return last is not None and last.startswith(root)
+
+
+def standin_needed() -> bool:
+    """Whether a dry run left to choose takes the CPU stand-in: no GPU a fake CUDA backward
+    could use, or a torch whose fake CUDA tensors would start CUDA (before :data:`FAKE_CUDA_MIN`)."""
+    import torch
+
+    from allocconf_widget.core.versions import parse_version
+
+    return not gpu_visible() or parse_version(str(torch.__version__)) < FAKE_CUDA_MIN
 
 
 def gpu_visible() -> bool:
