@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -108,9 +109,13 @@ def test_allocconf_runs_in_a_terminal_of_the_demo_jupyterlab(tmp_path):
             except OSError:
                 assert time.monotonic() < deadline, "demo.sh's JupyterLab did not start"
                 time.sleep(0.2)
-        seen = asyncio.run(_type_in_a_terminal(
-            port, "command -v allocconf; allocconf check expandable_segments:True; echo DONE-$((40+2))",
-            until="DONE-42"))
+        # a loop of its own in a thread of its own: Playwright's sync API, open in a session
+        # fixture of the browser tests, keeps an event loop running on this thread, where
+        # asyncio.run() refuses to start one
+        with ThreadPoolExecutor(1) as pool:
+            seen = pool.submit(asyncio.run, _type_in_a_terminal(
+                port, "command -v allocconf; allocconf check expandable_segments:True; echo DONE-$((40+2))",
+                until="DONE-42")).result()
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
