@@ -108,3 +108,9 @@ _.synchronize
 
 # ---- Read by tqdm (views/text/progress.py): 0 starts no monitor thread.
 _.monitor_interval
+
+# ---- Python's protocol for a metaclass (adapters/dryrun/entry_points._ClassStandIn): called by
+# ``X()``, ``isinstance`` and ``issubclass``, never by name.
+_.__call__
+_.__instancecheck__
+_.__subclasscheck__

@@ -69,7 +69,7 @@ ROWS = [row for row in TABLE if _installed(row)]
 
 def _run(row) -> dict:
     env = {k: v for k, v in os.environ.items() if "ALLOC_CONF" not in k}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     script = _SCRIPT.format(body=textwrap.indent(call(row), " " * 8))
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as handle:
         handle.write(script)

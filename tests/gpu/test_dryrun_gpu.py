@@ -56,7 +56,7 @@ print("RESULT", json.dumps(out))
 
 def dry_then_apply(body: str) -> dict:
     env = {k: v for k, v in os.environ.items() if "ALLOC_CONF" not in k}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     script = _SCRIPT.format(bench=str(ROOT / "benchmarks" / "gpu"),
                             body=textwrap.indent(textwrap.dedent(body), " " * 8))
     # a file, not ``-c``: the dry run quotes the user's line from its source, as it does from a
@@ -139,7 +139,7 @@ def test_a_convolution_backward_borrows_two_workspaces_in_cudnns_order():
     """As the real traces show (docs/dryrun.md): the backward-data workspace once the input's
     gradient exists, freed, then the weight's gradient, then the backward-filter workspace."""
     env = {k: v for k, v in os.environ.items() if "ALLOC_CONF" not in k}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-c", _CONV_ORDER], capture_output=True, text=True, env=env,
                           timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]

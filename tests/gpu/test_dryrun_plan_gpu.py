@@ -32,6 +32,8 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
+# the children import this checkout first, and what the test's own path holds after it
+CHILD_PATH = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
 BENCH = ROOT / "benchmarks" / "gpu"
 sys.path.insert(0, str(BENCH))
 T4_BYTES = 15 << 30
@@ -76,7 +78,7 @@ def test_plan_refuses_a_cell_that_sets_the_batch_variable(tmp_path):
         print("CUDA", torch.cuda.is_initialized())
     """))
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False, cwd=tmp_path)
+                          env={**os.environ, "PYTHONPATH": CHILD_PATH}, check=False, cwd=tmp_path)
     refused = "REFUSED the dry-run cell sets BATCH itself (line 1: BATCH = 64)"
     assert refused in proc.stdout, proc.stderr[-2000:]
     assert "Fix: move that line to a cell above" in proc.stdout and "CUDA False" in proc.stdout
@@ -108,7 +110,7 @@ def test_the_standin_error_against_the_real_run_is_measured(workload, tmp_path):
     script.write_text(_STANDIN.format(bench=str(BENCH), settings=list(bench.SETTINGS), workload=workload,
                                       batch=batch))
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+                          env={**os.environ, "PYTHONPATH": CHILD_PATH}, check=False)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line, proc.stderr[-3000:]
     dry = json.loads(line[7:])
@@ -146,7 +148,7 @@ def test_a_t4_like_attention_choice_is_within_10_percent_of_its_real_run():
     step = _T4_STEP.format(bench=str(BENCH))
     results = []
     for template in (_T4_REAL, _T4_DRY):
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "PYTHONPATH": CHILD_PATH}
         proc = subprocess.run([sys.executable, "-c", template.format(step=step)], capture_output=True,
                               text=True, timeout=900, env=env, check=False)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)

@@ -27,6 +27,8 @@ pytestmark = [
 ]
 
 REPO = Path(__file__).resolve().parents[2]
+# the children import this checkout first, and what the test's own path holds after it
+CHILD_PATH = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
 GIB = 1 << 30
 
 PRELUDE = """
@@ -231,7 +233,7 @@ def test_a_live_snapshot_is_saved_with_the_facts_its_replay_needs(tmp_path):
     assert meta["fraction"] == 0.5 and 0 < meta["free_at_start_bytes"] <= out["total"]
     run = subprocess.run([sys.executable, "-m", "allocconf_widget", "simulate", str(tmp_path / "live.pickle"),
                           "--no-rank", "--workers", "1"], capture_output=True, text=True, timeout=300,
-                         check=False, env={**os.environ, "PYTHONPATH": str(REPO)})
+                         check=False, env={**os.environ, "PYTHONPATH": CHILD_PATH})
     assert run.returncode == 0, run.stderr
     assert "from the recording's sidecar live.json" in run.stderr
     assert "device capacity unknown" not in run.stderr

@@ -160,3 +160,32 @@ def test_the_table_says_what_each_row_does_in_words_a_user_reads():
     for row in TABLE:
         assert row.kind in (ANSWERED, HARMLESS, REFUSED)
         assert row.what and not re.search(r"\b(TODO|XXX)\b", row.what)
+
+
+def test_every_class_of_the_table_is_still_a_class_inside_the_dry_run():
+    """``torch.cuda.CUDAGraph`` became a function in a dry run, so code that uses such a class
+    as a class while the step runs broke: transformers' generation module (imported lazily by
+    ``from_pretrained``) annotates ``torch.cuda.CUDAGraph | None`` and stopped every Llama dry
+    run on a GPU with TypeError. Each class keeps ``X | None``, ``isinstance`` and its
+    attributes; a refused one still refuses when called, and the original is back afterwards."""
+    import allocconf_widget
+
+    classes = [(row, getattr(_module(row.module), row.name)) for row in _installed_rows()
+               if isinstance(getattr(_module(row.module), row.name), type)]
+    assert any(row.name == "CUDAGraph" for row, _ in classes)
+    seen: dict[str, tuple[bool, bool, object]] = {}
+    with allocconf_widget.dry_run("t4", progress=False):
+        for row, _ in classes:
+            inside = getattr(_module(row.module), row.name)
+            seen[row.qualified] = (isinstance(inside, type), isinstance(object(), inside),
+                                   inside | None)
+    for row, original in classes:
+        is_class, matched, union = seen[row.qualified]
+        assert is_class and not matched and union is not None, row.qualified
+        assert getattr(_module(row.module), row.name) is original, row.qualified
+    refused = [row for row, _ in classes if row.kind == REFUSED]
+    for row in refused:
+        with pytest.raises(DryRunError, match=re.escape(f"{row.qualified}() cannot run in a dry run")), \
+                allocconf_widget.dry_run("t4", progress=False):
+            getattr(_module(row.module), row.name)()
+    assert torch.cuda.is_initialized() is False

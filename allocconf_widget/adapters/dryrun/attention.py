@@ -10,7 +10,8 @@ first, as the autocast kernel of SDPA does, and the choice is made for the cast 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from types import ModuleType
 from typing import Any
@@ -121,3 +122,30 @@ def _bias(torch: ModuleType, mask: Any, query: Any) -> Any:
     zero = torch.zeros((), dtype=query.dtype, device=query.device)
     return torch.where(mask, zero, torch.full((), float("-inf"), dtype=query.dtype, device=query.device))
 
+
+@contextmanager
+def attention_inside_functions(torch: ModuleType, attention: Callable[[Any, Any], Any],
+                               mode: Any) -> Iterator[None]:
+    """While entered, an SDPA call made from inside another torch function runs ``attention``.
+
+    A torch function that calls SDPA itself (``F.multi_head_attention_forward``, which
+    ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` use) is handled by the dry run's
+    function ``mode`` as one call, run with that mode off, so its SDPA call never reached the
+    profile's kernel choice: on the CPU stand-in, CPU rules took the math kernel, whose
+    attention matrices and dropout masks are kept for the backward. Such functions look SDPA up
+    as a global of ``torch.nn.functional``: that name answers with ``attention`` where ``mode``
+    is off, and calls torch's own function (which the mode then sees) where it is on."""
+    functional = torch.nn.functional
+    original = functional.scaled_dot_product_attention
+    stack = torch.overrides._get_current_function_mode_stack
+
+    def scaled_dot_product_attention(*args: Any, **kwargs: Any) -> Any:
+        if mode in stack():
+            return original(*args, **kwargs)
+        return attention(args, kwargs)
+
+    functional.scaled_dot_product_attention = scaled_dot_product_attention
+    try:
+        yield
+    finally:
+        functional.scaled_dot_product_attention = original

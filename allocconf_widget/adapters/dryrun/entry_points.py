@@ -50,6 +50,41 @@ def refusal(qualified: str, why: str) -> Callable[..., Any]:
     return refused
 
 
+class _ClassStandIn(type):
+    """The metaclass of what stands for a class of the table (``torch.cuda.CUDAGraph``).
+
+    A function in a class's place broke code that uses the class as a class while the step
+    runs: ``torch.cuda.CUDAGraph | None`` in an annotation (transformers' generation module,
+    imported lazily by ``from_pretrained``) raised TypeError, and so did ``isinstance``. The
+    stand-in is a class: calling it calls the table's function inside the dry run and the
+    class itself in other threads; ``isinstance``, ``issubclass``, ``X | None`` and the class's
+    attributes are the original's."""
+
+    _original: type
+    _call: Callable[..., Any]
+    _in_dry_run: Callable[[], bool]
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        return cls._call(*args, **kwargs) if cls._in_dry_run() else cls._original(*args, **kwargs)
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, cls._original)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        return issubclass(sub, cls._original)
+
+    def __getattr__(cls, name: str) -> Any:
+        return getattr(cls._original, name)
+
+
+def class_stand_in(original: type, call: Callable[..., Any], in_dry_run: Callable[[], bool]) -> type:
+    """A class standing for ``original`` whose instances, inside the dry run, come from ``call``."""
+    return _ClassStandIn(original.__name__, (), {
+        "_original": original, "_call": staticmethod(call), "_in_dry_run": staticmethod(in_dry_run),
+        "__module__": original.__module__, "__qualname__": original.__qualname__,
+        "__doc__": original.__doc__})
+
+
 def _index(torch: ModuleType, device: Any, what: str) -> int:
     """The device index ``device`` names; anything but GPU 0 is refused (one GPU is predicted)."""
     if device is None:
@@ -367,12 +402,16 @@ class EntryPointsAnswered:
     def _set(self, owner: Any, name: str, value: Any, *, every_thread: bool = False) -> None:
         """Put ``value`` in place of ``owner.name`` for threads inside the dry run; other threads
         (a monitor sampling the real allocator) still reach torch's own function, unless
-        ``every_thread`` (a class is replaced for all: ``isinstance`` needs a class)."""
+        ``every_thread``. A class answered by a class is replaced for all threads (``isinstance``
+        needs a class); one answered or refused by a function gets a :func:`class_stand_in`."""
         if owner is None or not hasattr(owner, name):
             return
         original = getattr(owner, name)
         self._saved.append((owner, name, original))
-        if every_thread or isinstance(value, type) or not callable(original) or isinstance(original, type):
+        if isinstance(original, type) and not isinstance(value, type):
+            setattr(owner, name, class_stand_in(original, value, self._in_dry_run))
+            return
+        if every_thread or isinstance(value, type) or not callable(original):
             setattr(owner, name, value)
             return
         in_dry_run = self._in_dry_run

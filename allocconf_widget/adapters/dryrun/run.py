@@ -150,6 +150,7 @@ class DryRun:
     def _enter_patches(self, torch: ModuleType, stack: contextlib.ExitStack, cpu_only: bool) -> None:
         from allocconf_widget.adapters.dryrun.attention import (
             attention_function,
+            attention_inside_functions,
             build_cudnn_preferred,
             cudnn_preferred_for,
         )
@@ -201,8 +202,11 @@ class DryRun:
             "tensors (at {line}). " + _STANDIN_HINT)
         if refuse is not None:  # that build aborts in autocast's weight cache on fake CUDA tensors
             torch.set_autocast_cache_enabled(False)
-        stack.enter_context(values_class(torch, recording, notes, attributes, refuse_autograd=refuse,
-                                         attention=attention, standin=standin, signals=self._signals)())
+        values = values_class(torch, recording, notes, attributes, refuse_autograd=refuse,
+                              attention=attention, standin=standin, signals=self._signals)()
+        if standin is not None and attention is not None:  # fake CUDA tensors dispatch by CUDA's rules
+            stack.enter_context(attention_inside_functions(torch, attention, values))
+        stack.enter_context(values)
 
     # ------------------------------------------------------------ leaving
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
