@@ -10,6 +10,7 @@ finish in this process with the same rows).
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -220,3 +221,34 @@ def test_a_worker_leaves_ctrl_c_to_the_caller() -> None:
     finally:
         signal.signal(signal.SIGINT, before)
         simulator._WORKER_TRACE = None
+
+
+
+_CTRL_C_AT_NEXT_FORK: list[bool] = []
+
+
+def _ctrl_c_as_a_fork_returns() -> None:
+    if _CTRL_C_AT_NEXT_FORK:
+        _CTRL_C_AT_NEXT_FORK.clear()
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_parent=_ctrl_c_as_a_fork_returns)
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="POSIX signal masks")
+def test_a_ctrl_c_as_the_pool_forks_is_raised_not_dropped():
+    """A Ctrl-C landing inside ``os.fork`` (the pool's first submit forks its workers) was handled
+    in CPython's at-fork hooks, printed as "Exception ignored" and dropped: the CLI went on
+    replaying after the user's Ctrl-C and outlived its minute (seen once in CI's torch 1.13
+    cell). Here the Ctrl-C comes from an at-fork hook as the first worker's fork returns."""
+    configs = [_s(), _s(expandable_segments=True), _s(max_split_bytes=64 << 20)]
+    _CTRL_C_AT_NEXT_FORK.append(True)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            simulate_many(_two_streams(), configs, workers=2)
+    finally:
+        fired = not _CTRL_C_AT_NEXT_FORK
+        _CTRL_C_AT_NEXT_FORK.clear()
+    assert fired, "the pool forked no worker: the test no longer reaches a fork"

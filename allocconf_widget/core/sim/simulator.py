@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from typing import Any
 
 from allocconf_widget.core.sim.capacity import replay_room
@@ -425,6 +426,12 @@ class _Replays:
         return [(i, POINT), (i, EARLY), (i, LATE)] if timed else [(i, POINT)]
 
     def submit(self, indices: list[int]) -> None:
+        """Queue the jobs of ``indices`` (a pool's first submit forks its worker processes);
+        a Ctrl-C meanwhile is raised once the forks are done (:func:`_ctrl_c_after_forks`)."""
+        with _ctrl_c_after_forks():
+            self._submit(indices)
+
+    def _submit(self, indices: list[int]) -> None:
         jobs: list[Job] = []
         for i in indices:
             mine = self.jobs(i)
@@ -494,6 +501,24 @@ class _Replays:
         if not bounds:
             return point
         return with_bounds(point, [b for b in bounds if isinstance(b, TimingBound)])
+
+
+@contextmanager
+def _ctrl_c_after_forks() -> Iterator[None]:
+    """Hold SIGINT on the main thread while the pool forks its workers, then take it.
+
+    A Ctrl-C that lands while ``os.fork`` runs is handled inside CPython's at-fork hooks, which
+    print "Exception ignored" and drop the KeyboardInterrupt: the replays went on, and a user
+    who pressed Ctrl-C once waited for all of them. Held, the signal stays pending and raises as
+    the mask is restored, where the caller's cleanup ends the workers."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 _MANAGER_GRACE_S = 5.0  # for the pool's thread once its workers are ended (it takes far less)
