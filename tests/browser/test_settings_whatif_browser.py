@@ -21,6 +21,7 @@ import re
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -189,9 +190,17 @@ def test_whatif_answers_at_once_about_this_kernel(notebook_page, ui):
     assert "unset expandable_segments:True" in result
     nb.wait_for_value(f"os.environ.get({VAR!r})", "max_split_size_mb:128", setup="import os")
     # the outcome is next to the row clicked, on screen where the click was
-    box_row = target.bounding_box()
-    box_result = find_widget(target, "whatif-result").first.bounding_box()
-    assert box_row is not None and box_result is not None
+    # (the applied setting re-ranks the rows: the row is drawn again, and for a moment it and
+    # its line have no box; a bounding box read in that moment was None)
+    boxes: list[Any] = []
+
+    def both_drawn() -> bool:
+        boxes[:] = [b for b in (target.bounding_box(),
+                                find_widget(target, "whatif-result").first.bounding_box()) if b]
+        return len(boxes) == 2
+
+    wait_until(both_drawn, timeout=10, what="the applied row and its result line")
+    box_row, box_result = boxes
     assert box_row["y"] <= box_result["y"] <= box_row["y"] + box_row["height"]
     wait_until(target.locator(".allocconf-whatif-apply").first.is_disabled, timeout=10,
                what="the applied row to become this kernel's")

@@ -242,8 +242,15 @@ def test_a_ctrl_c_as_the_pool_forks_is_raised_not_dropped():
     """A Ctrl-C landing inside ``os.fork`` (the pool's first submit forks its workers) was handled
     in CPython's at-fork hooks, printed as "Exception ignored" and dropped: the CLI went on
     replaying after the user's Ctrl-C and outlived its minute (seen once in CI's torch 1.13
-    cell). Here the Ctrl-C comes from an at-fork hook as the first worker's fork returns."""
+    cell). Here the Ctrl-C comes from an at-fork hook as the first worker's fork returns, with
+    another thread running, as a notebook kernel or a test runner has: a signal mask on the main
+    thread alone let that thread take it, and the main thread still raised inside the hook."""
+    import threading
+
     configs = [_s(), _s(expandable_segments=True), _s(max_split_bytes=64 << 20)]
+    done = threading.Event()
+    other = threading.Thread(target=done.wait, name="another thread of the process")
+    other.start()
     _CTRL_C_AT_NEXT_FORK.append(True)
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -251,4 +258,6 @@ def test_a_ctrl_c_as_the_pool_forks_is_raised_not_dropped():
     finally:
         fired = not _CTRL_C_AT_NEXT_FORK
         _CTRL_C_AT_NEXT_FORK.clear()
+        done.set()
+        other.join()
     assert fired, "the pool forked no worker: the test no longer reaches a fork"

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 from allocconf_widget.core.sim.capacity import replay_room
@@ -505,20 +506,31 @@ class _Replays:
 
 @contextmanager
 def _ctrl_c_after_forks() -> Iterator[None]:
-    """Hold SIGINT on the main thread while the pool forks its workers, then take it.
+    """Defer a Ctrl-C on the main thread while the pool forks its workers, then raise it.
 
-    A Ctrl-C that lands while ``os.fork`` runs is handled inside CPython's at-fork hooks, which
+    A Ctrl-C that lands while ``os.fork`` runs raises inside CPython's at-fork hooks, which
     print "Exception ignored" and drop the KeyboardInterrupt: the replays went on, and a user
-    who pressed Ctrl-C once waited for all of them. Held, the signal stays pending and raises as
-    the mask is restored, where the caller's cleanup ends the workers."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+    who pressed Ctrl-C once waited for all of them. Masking the signal is not enough: another
+    thread of the process takes it, and the main thread still raises inside the hook. So the
+    handler only notes it meanwhile, and the caller's own handler runs once the forks are done
+    (its KeyboardInterrupt reaches the caller's cleanup, which ends the workers)."""
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if on_main else None
+    if not callable(previous):  # not the main thread, or Ctrl-C ignored / left to the default
         yield
         return
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    pending: list[tuple[int, FrameType | None]] = []
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        pending.append((signum, frame))
+
+    signal.signal(signal.SIGINT, note)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        signal.signal(signal.SIGINT, previous)
+        if pending:
+            previous(*pending[0])
 
 
 _MANAGER_GRACE_S = 5.0  # for the pool's thread once its workers are ended (it takes far less)
