@@ -173,7 +173,15 @@ def test_every_apply_path_leaves_the_settings_tab_showing_the_session(notebook_p
     row = rows.nth(enabled.index(True))  # by position: once applied, its Apply is disabled
     row.locator(".allocconf-whatif-apply").click()
     click_button(row, name="whatif-confirm")  # the confirm step names what changes
-    text = wait_for_text(row, "whatif-result", re.compile(r"Applied (.+?)\."), timeout=20)
+    # the apply ranks the rows again, so the row clicked may be drawn at another position:
+    # its line is read wherever it is shown
+    results = panel.locator(".allocconf-whatif-result")
+
+    def applied_line() -> str | None:
+        return next((t for t in results.all_inner_texts() if re.search(r"Applied (.+?)\.", t)), None)
+
+    text = wait_until(applied_line, timeout=20, what="the clicked row's 'Applied …' line")
+    assert text is not None
     applied = re.search(r"Applied (.+?)\.", text).group(1)
     applied = "" if applied == "(torch defaults)" else applied
     # the row's memory options replace the others; release_lock_on_cudamalloc, which the
