@@ -30,6 +30,7 @@ from allocconf_widget.adapters.dryrun.recorder import Recording, recorder_class
 from allocconf_widget.adapters.dryrun.rules import Rules, rule_notes
 from allocconf_widget.adapters.dryrun.values import values_class
 from allocconf_widget.core.dryrun.profiles import GpuProfile
+from allocconf_widget.core.versions import parse_version
 
 #: the oldest torch 2.x the dry run accepts (older fake-tensor modes lack what it uses)
 MIN_TORCH_MINOR = 4
@@ -95,8 +96,6 @@ class DryRun:
     def __enter__(self) -> DryRun:
         import torch  # the user's step needs it anyway; importing it fixes only `backend`
 
-        from allocconf_widget.core.versions import parse_version
-
         release = parse_version(str(torch.__version__))
         if release < (2, MIN_TORCH_MINOR):
             raise DryRunError(f"a dry run needs torch 2.{MIN_TORCH_MINOR} or newer (fake tensors; "
@@ -128,8 +127,9 @@ class DryRun:
         cpu_only = not _cuda_built(torch)
         notes = self._notes
         if self.standin:
-            why = ("no GPU here" if not gpu_visible() else
-                   f"torch {torch.__version__} has no fake CUDA tensors that leave CUDA unstarted")
+            why = (f"torch {torch.__version__} has no fake CUDA tensors that leave CUDA unstarted"
+                   if parse_version(str(torch.__version__)) < FAKE_CUDA_MIN else
+                   "no GPU here" if not gpu_visible() else "standin=True asked for it")
             notes.add(f"a CPU stand-in (coarser estimate): {why}, so the step ran on fake CPU tensors "
                       f"counted as the CUDA memory they stand for, autocast(\"cuda\") applied with CUDA's "
                       f"rules, attention and workspaces from the {self.profile.name} profile")
@@ -329,8 +329,6 @@ def standin_needed() -> bool:
     """Whether a dry run left to choose takes the CPU stand-in: no GPU a fake CUDA backward
     could use, or a torch whose fake CUDA tensors would start CUDA (before :data:`FAKE_CUDA_MIN`)."""
     import torch
-
-    from allocconf_widget.core.versions import parse_version
 
     return not gpu_visible() or parse_version(str(torch.__version__)) < FAKE_CUDA_MIN
 
